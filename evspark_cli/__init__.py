@@ -1,0 +1,32 @@
+"""EvSpark: lossless speculative decoding for StripedHyena 2 (Evo 2-style) DNA models.
+
+The stable Python API (cli.md): `load_model`, `convert_checkpoint`, `tokenize`, `detokenize`,
+`generate`; a model offers `forward`, `prefill`, `extend` and blocks offer `commit`.
+Names are resolved lazily so that `evspark --help` does not import torch.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_API = {
+    "load_model": "evspark_cli.model.checkpoint",
+    "convert_checkpoint": "evspark_cli.model.checkpoint",
+    "save_model": "evspark_cli.model.checkpoint",
+    "tokenize": "evspark_cli.model.tokenizer",
+    "detokenize": "evspark_cli.model.tokenizer",
+    "generate": "evspark_cli.api",
+    "GenerateOutput": "evspark_cli.api",
+    "ModelConfig": "evspark_cli.model.config",
+    "StripedHyena": "evspark_cli.model.model",
+}
+
+__all__ = [*_API, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'evspark_cli' has no attribute {name!r}")

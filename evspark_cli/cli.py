@@ -1,0 +1,541 @@
+"""The `evspark` command line (contract: design/cli.md).
+
+Heavy modules (torch, the engine) are imported inside the commands so `evspark --help` stays fast.
+Every failure becomes one `evspark: error: ...` line and a documented exit code; set
+EVSPARK_DEBUG=1 for a traceback.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+import typer
+
+app = typer.Typer(
+    name="evspark",
+    help="Lossless speculative decoding for StripedHyena 2 (Evo 2-style) DNA language models.\n\n"
+         "Generate DNA several times faster with exactly the model's own output distribution.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+# ------------------------------------------------------------------------------- error handling
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def fail(msg: str, code: int) -> None:
+    _say(f"evspark: error: {msg}")
+    raise typer.Exit(code)
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Turn EvSpark errors (and anything unexpected) into one line and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from .errors import EvsparkError
+
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except EvsparkError as e:
+            if os.environ.get("EVSPARK_DEBUG"):
+                traceback.print_exc()
+            fail(str(e).splitlines()[0] if str(e) else type(e).__name__, e.exit_code)
+        except KeyboardInterrupt:
+            _say("evspark: interrupted; finished records are kept in the .partial files "
+                 "(rerun with --resume)")
+            raise typer.Exit(130)
+        except MemoryError:
+            fail("out of memory (try a shorter --prompt-tail or fewer tokens)", 1)
+        except Exception as e:  # noqa: BLE001 - never a traceback for users
+            if os.environ.get("EVSPARK_DEBUG"):
+                traceback.print_exc()
+            fail(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                 "(set EVSPARK_DEBUG=1 for a traceback)", 1)
+
+    return wrapper
+
+
+# ------------------------------------------------------------------------------- shared options
+
+ModelOpt = typer.Option(None, "--model", help="Model folder (config.json + model.safetensors). "
+                        "Default: the bundled target.")
+RegionOpt = typer.Option(None, "--region", help="samtools-style region ID:START-END (1-based, "
+                         "inclusive) or ID; repeatable. Read through pyfaidx.")
+TailOpt = typer.Option(None, "--prompt-tail", help="Use only the last N bases of each record.")
+ShardOpt = typer.Option(None, "--shard", help="I/N: process only records i with i mod N == I-1 "
+                        "(N jobs cover the input exactly once).")
+DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
+DtypeOpt = typer.Option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16.")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar.")
+ThreadsOpt = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default).")
+
+
+def _setup_torch(threads: int) -> None:
+    import torch
+
+    if threads < 0:
+        from .errors import InputError
+
+        raise InputError(f"--threads must be >= 0, got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _load_prompts(inputs: list[str], region: list[str] | None, prompt_tail: int | None,
+                  shard: str | None):
+    from .io.fasta import read_prompts
+    from .io.shard import parse_shard, select_shard
+
+    shard_t = parse_shard(shard) if shard else None
+    prompts = read_prompts(inputs or [], region or None, prompt_tail)
+    if not prompts:
+        from .errors import InputError
+
+        raise InputError("no input records")
+    return select_shard(prompts, shard_t)
+
+
+def _record_key(record_id: str) -> int:
+    """A stable RNG key per record id: output does not depend on record order or sharding."""
+    return int.from_bytes(hashlib.sha256(record_id.encode()).digest()[:7], "big")
+
+
+def _check_context(model, prompts, new_tokens: int) -> None:
+    from .errors import InputError
+
+    limit = model.config.max_seqlen
+    for p in prompts:
+        if len(p.seq) + new_tokens > limit:
+            raise InputError(f"record '{p.id}': prompt of {len(p.seq)} bases + {new_tokens} new tokens "
+                             f"exceeds the model's context of {limit}; use --prompt-tail N")
+
+
+def _progress(total: int, quiet: bool, label: str):
+    """A rich progress bar on stderr when it is a terminal, else a no-op."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    enabled = not quiet and console.is_terminal
+    prog = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    TextColumn("{task.fields[note]}"), console=console, disable=not enabled,
+                    transient=False)
+    return prog
+
+
+def fasta_letters(text: str) -> str:
+    """Generated tokens as FASTA letters: anything that is not a letter (a model can emit any of
+    its 512 ids) is written as N, so the output always parses."""
+    return "".join(c if ("A" <= c <= "Z" or "a" <= c <= "z") else "N" for c in text)
+
+
+def _validate_decode_options(n: int, gamma: int, temperature: float, top_k: int, top_p: float,
+                             samples: int, rollback: str, line_width: int):
+    from .decode.sampling import SamplerConfig
+    from .errors import InputError
+
+    if n < 1:
+        raise InputError(f"--max-new-tokens must be >= 1, got {n}")
+    if gamma < 1:
+        raise InputError(f"--gamma must be >= 1, got {gamma}")
+    if samples < 1:
+        raise InputError(f"--samples must be >= 1, got {samples}")
+    if rollback not in ("slice", "replay"):
+        raise InputError(f"--rollback must be slice or replay, got {rollback!r}")
+    if line_width < 0:
+        raise InputError(f"--line-width must be >= 0, got {line_width}")
+    cfg = SamplerConfig(temperature, top_k, top_p)
+    cfg.validate()
+    return cfg
+
+
+# ------------------------------------------------------------------------------------ generate
+
+
+@app.command()
+@handle_errors
+def generate(
+    inputs: List[str] = typer.Argument(..., metavar="INPUT...", help="FASTA files (plain, gzip, "
+                                       "BGZF); '-' reads FASTA from stdin."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="FASTA of generated "
+                                         "sequences (default stdout); written atomically."),
+    stats: Optional[str] = typer.Option(None, "--stats", help="Per-record statistics, .tsv or .jsonl."),
+    model_dir: Optional[str] = ModelOpt,
+    drafter: str = typer.Option("auto", "--drafter", help="auto (the model's bundled drafter), "
+                                "dspark, kmer, identity, none (native decoding) or a drafter folder."),
+    gamma: int = typer.Option(12, "--gamma", "-g", help="Draft length per round."),
+    max_new_tokens: int = typer.Option(1024, "-n", "--max-new-tokens", help="Tokens per record."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (0 = greedy)."),
+    top_k: int = typer.Option(4, "--top-k", help="Keep the k most likely tokens (1 = greedy, 0 = all)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling inside the kept tokens."),
+    greedy: bool = typer.Option(False, "--greedy", help="Same as --top-k 1."),
+    seed: int = typer.Option(0, "--seed", help="Random seed; the same seed reproduces a run."),
+    samples: int = typer.Option(1, "--samples", help="Continuations per record (ids get _s{i})."),
+    compare_native: bool = typer.Option(False, "--compare-native", help="Also decode natively in "
+                                        "the same process and report the speedup."),
+    rollback: str = typer.Option("slice", "--rollback", help="slice (per-position state) or replay "
+                                 "(snapshot-and-replay baseline)."),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    line_width: int = typer.Option(60, "--line-width", help="FASTA line width (0 = one line)."),
+    include_prompt: bool = typer.Option(False, "--include-prompt", help="Prepend the prompt."),
+    region: Optional[List[str]] = RegionOpt,
+    prompt_tail: Optional[int] = TailOpt,
+    shard: Optional[str] = ShardOpt,
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from OUTPUT.partial."),
+    force_drafter: bool = typer.Option(False, "--force-drafter", help="Use a drafter distilled from "
+                                       "another target anyway."),
+    threads: int = ThreadsOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Continue each record (or region) and write the continuations as FASTA."""
+    from .io.writers import check_output_path
+
+    if greedy:
+        top_k = 1
+    sampler = _validate_decode_options(max_new_tokens, gamma, temperature, top_k, top_p, samples,
+                                       rollback, line_width)
+    check_output_path(output)
+    if stats:
+        check_output_path(stats)
+    prompts = _load_prompts(inputs, region, prompt_tail, shard)
+    _setup_torch(threads)
+    from .api import STATS_COLUMNS, drafter_name, generate as gen, resolve_drafter
+    from .errors import InputError
+    from .io.writers import FastaOutput, StatsOutput
+    from .model.checkpoint import load_model
+
+    model = load_model(model_dir, device=device, dtype=dtype)
+    _check_context(model, prompts, max_new_tokens)
+    d = resolve_drafter(model, drafter, force=force_drafter)
+    model_name = model.config.model_name
+    if stats and not stats.endswith((".tsv", ".jsonl")):
+        raise InputError(f"--stats {stats}: use a .tsv or .jsonl file name")
+    fasta = FastaOutput(output, line_width=line_width, resume=resume)
+    stat_out = StatsOutput(stats, STATS_COLUMNS, resume=resume) if stats else None
+    jobs = [(p, s) for p in prompts for s in range(samples)]
+    failed: list[str] = []
+    with fasta:
+        prog = _progress(len(jobs), quiet, "generate")
+        with prog:
+            task = prog.add_task("generate", total=len(jobs), note="")
+            for p, s in jobs:
+                rid = f"{p.id}_s{s}" if samples > 1 else p.id
+                if rid in fasta.done_ids:
+                    prog.advance(task)
+                    continue
+                try:
+                    out = gen(model, p.seq, max_new_tokens, drafter=d, gamma=gamma,
+                              temperature=sampler.temperature, top_k=sampler.top_k,
+                              top_p=sampler.top_p, seed=seed, rollback=rollback,
+                              record=_record_key(p.id), sample=s, record_id=rid,
+                              compare_native=compare_native)
+                except Exception as e:  # noqa: BLE001 - one bad record must not sink the rest
+                    if os.environ.get("EVSPARK_DEBUG"):
+                        traceback.print_exc()
+                    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    _say(f"evspark: error: record '{rid}' failed: {msg}")
+                    failed.append(rid)
+                    prog.advance(task)
+                    continue
+                desc = (f"evspark model={model_name} drafter={drafter_name(d)} gamma={gamma} "
+                        f"temperature={sampler.temperature:g} top_k={sampler.top_k} "
+                        f"top_p={sampler.top_p:g} seed={seed} new_tokens={len(out.tokens)}")
+                text = fasta_letters(out.text)
+                seq = (p.seq + text) if include_prompt else text
+                fasta.write(rid, desc, seq)
+                if stat_out is not None:
+                    stat_out.write(out.stats)
+                tau = out.stats.get("tau")
+                prog.update(task, advance=1, note=f"tau={tau:.2f}" if tau else "")
+        if failed:
+            if stat_out is not None:
+                stat_out.close()
+            fail(f"{len(failed)} of {len(jobs)} records failed ({', '.join(failed[:5])}); the "
+                 f"others are kept in the .partial files; rerun with --resume", 1)
+        fasta.finish()
+        if stat_out is not None:
+            stat_out.finish()
+
+
+# -------------------------------------------------------------------------------------- verify
+
+
+def _default_verify_inputs() -> list[str]:
+    here = Path(__file__).resolve().parents[1] / "examples" / "prompts.fa"
+    return [str(here)]
+
+
+@app.command()
+@handle_errors
+def verify(
+    inputs: Optional[List[str]] = typer.Argument(None, metavar="[INPUT...]", help="FASTA prompts "
+                                                 "(default: the bundled example prompts)."),
+    model_dir: Optional[str] = ModelOpt,
+    drafter: str = typer.Option("auto", "--drafter", help="Drafter to check (auto, dspark, kmer, "
+                                "identity or a folder)."),
+    gamma: int = typer.Option(12, "--gamma", "-g", help="Draft length per round."),
+    max_new_tokens: int = typer.Option(256, "-n", "--max-new-tokens", help="Tokens per prompt."),
+    region: Optional[List[str]] = RegionOpt,
+    prompt_tail: Optional[int] = TailOpt,
+    shard: Optional[str] = ShardOpt,
+    rollback: str = typer.Option("slice", "--rollback", help="slice or replay."),
+    report: Optional[str] = typer.Option(None, "--report", help="Write a JSON report here."),
+    tie_tolerance: float = typer.Option(1e-3, "--tie-tolerance", help="A divergence is a tie when "
+                                        "the native top-1/top-2 logit gap there is below this."),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    force_drafter: bool = typer.Option(False, "--force-drafter", help="Allow a mismatched drafter."),
+    threads: int = ThreadsOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Greedy native vs greedy speculative decoding, compared token by token (exit 1 on a
+    non-tie divergence)."""
+    import json
+
+    from .decode.sampling import SamplerConfig
+    from .errors import InputError
+    from .io.writers import check_output_path
+
+    _validate_decode_options(max_new_tokens, gamma, 1.0, 1, 1.0, 1, rollback, 0)
+    if tie_tolerance < 0:
+        raise InputError(f"--tie-tolerance must be >= 0, got {tie_tolerance}")
+    if report:
+        check_output_path(report)
+    prompts = _load_prompts(inputs or _default_verify_inputs(), region, prompt_tail, shard)
+    _setup_torch(threads)
+    from .api import drafter_name, resolve_drafter
+    from .decode.drafters.base import RngKey
+    from .decode.native import decode_native
+    from .decode.speculative import decode_speculative
+    from .eval.compare import compare_greedy
+    from .model.checkpoint import load_model
+
+    model = load_model(model_dir, device=device, dtype=dtype)
+    _check_context(model, prompts, max_new_tokens)
+    d = resolve_drafter(model, drafter, force=force_drafter)
+    if d is None:
+        raise InputError("verify needs a drafter (not 'none')")
+    greedy = SamplerConfig(1.0, 1, 1.0)
+    rows = []
+    prog = _progress(len(prompts), quiet, "verify")
+    with prog:
+        task = prog.add_task("verify", total=len(prompts), note="")
+        for p in prompts:
+            ids = list(p.seq.encode())
+            rng = RngKey(0, _record_key(p.id), 0)
+            nat = decode_native(model, ids, max_new_tokens, greedy, rng, p.id, track_margins=True)
+            spec = decode_speculative(model, ids, max_new_tokens, greedy, d, gamma, rng, rollback,
+                                      p.id, hidden_prefix=getattr(d, "prefix_len", 0))
+            row = compare_greedy(p.id, nat, spec, tie_tolerance)
+            rows.append(row)
+            prog.advance(task)
+    bad = [r for r in rows if r["divergence"] is not None and not r["tie"]]
+    print(f"{'record':<24} {'compared':>8} {'first_divergence':>16} {'tie':>5} {'tau':>6} {'speedup':>7}")
+    for r in rows:
+        div = "-" if r["divergence"] is None else str(r["divergence"])
+        tie = "-" if r["divergence"] is None else ("yes" if r["tie"] else "NO")
+        print(f"{r['record_id'][:24]:<24} {r['compared']:>8} {div:>16} {tie:>5} "
+              f"{r['tau']:>6.2f} {r['speedup']:>7.2f}")
+    ties = sum(1 for r in rows if r["divergence"] is not None and r["tie"])
+    print(f"drafter={drafter_name(d)} gamma={gamma} prompts={len(rows)} identical="
+          f"{sum(1 for r in rows if r['divergence'] is None)} ties={ties} non_tie_divergences={len(bad)}")
+    if report:
+        Path(report).write_text(json.dumps({"drafter": drafter_name(d), "gamma": gamma,
+                                            "tie_tolerance": tie_tolerance, "rows": rows}, indent=1))
+    if bad:
+        raise typer.Exit(1)
+
+
+# --------------------------------------------------------------------------------------- score
+
+
+@app.command()
+@handle_errors
+def score(
+    inputs: List[str] = typer.Argument(..., metavar="INPUT...", help="FASTA files or '-'."),
+    model_dir: Optional[str] = ModelOpt,
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="TSV (default stdout)."),
+    logits: Optional[str] = typer.Option(None, "--logits", help="Also save fp32 logits of every "
+                                         "position (.safetensors, one tensor per record)."),
+    context: int = typer.Option(8192, "--context", help="Each scored base sees at least this many "
+                                "preceding bases (where the record has them)."),
+    window: int = typer.Option(8192, "--window", help="Bases scored per forward pass."),
+    region: Optional[List[str]] = RegionOpt,
+    prompt_tail: Optional[int] = TailOpt,
+    shard: Optional[str] = ShardOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    threads: int = ThreadsOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Teacher-forced log-likelihood per record: record_id, length, bits_per_nt."""
+    from .errors import InputError
+    from .io.writers import check_output_path
+
+    if context < 1 or window < 1:
+        raise InputError("--context and --window must be >= 1")
+    for path in (output, logits):
+        check_output_path(path)
+    prompts = _load_prompts(inputs, region, prompt_tail, shard)
+    _setup_torch(threads)
+    import torch
+
+    from .eval.score import score_sequence
+    from .model.checkpoint import load_model
+    from .model.tokenizer import tokenize_tensor
+
+    model = load_model(model_dir, device=device, dtype=dtype)
+    lines = ["record_id\tlength\tbits_per_nt"]
+    saved: dict[str, torch.Tensor] = {}
+    prog = _progress(len(prompts), quiet, "score")
+    with prog:
+        task = prog.add_task("score", total=len(prompts), note="")
+        for p in prompts:
+            bpn, lg = score_sequence(model, tokenize_tensor(p.seq), context, window, keep_logits=bool(logits))
+            lines.append(f"{p.id}\t{len(p.seq)}\t{bpn:.4f}")
+            if logits and lg is not None:
+                saved[p.id] = lg
+            prog.advance(task)
+    text = "\n".join(lines) + "\n"
+    if output:
+        _atomic_write(output, text)
+    else:
+        sys.stdout.write(text)
+    if logits:
+        from safetensors.torch import save_file
+
+        tmp = logits + ".tmp"
+        save_file({k: v.contiguous() for k, v in saved.items()}, tmp)
+        os.replace(tmp, logits)
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------ convert / info
+
+
+@app.command()
+@handle_errors
+def convert(
+    checkpoint: str = typer.Argument(..., help="Evo 2 / vortex checkpoint (.pt or .safetensors)."),
+    config: str = typer.Option(..., "--config", help="Its config (.yml or .json, Evo 2 field names)."),
+    out: str = typer.Option(..., "-o", "--output", help="Output model folder."),
+) -> None:
+    """Convert an Evo 2 / vortex checkpoint into an EvSpark model folder."""
+    from .model.checkpoint import convert_checkpoint
+
+    folder = convert_checkpoint(checkpoint, config, out)
+    _say(f"evspark: wrote {folder}")
+
+
+@app.command()
+@handle_errors
+def info(model_dir: Optional[str] = ModelOpt) -> None:
+    """Architecture, parameters, layer pattern, state size and training summary of a model."""
+    from .model.checkpoint import load_model, model_card_summary
+
+    model = load_model(model_dir, device="cpu")
+    cfg = model.config
+    st = model.empty_state(1, capacity=1).nbytes()
+    pattern = model.layer_kinds()
+    counts = {k: pattern.count(k) for k in ("hcs", "hcm", "hcl", "attn")}
+    print(f"model          {cfg.model_name}  ({getattr(model, 'source_dir', '')})")
+    print(f"parameters     {model.num_parameters():,}")
+    print(f"hidden         {cfg.hidden_size}  layers {cfg.num_layers}  heads {cfg.num_attention_heads}"
+          f"  mlp {cfg.mlp_size}")
+    print(f"layer pattern  {' '.join(pattern)}")
+    print(f"blocks         SE {counts['hcs']}  MR {counts['hcm']}  LI {counts['hcl']}  attention {counts['attn']}")
+    print(f"filters        SE {cfg.hcs_filter_length} taps/{cfg.hcs_filter_groups} groups, MR "
+          f"{cfg.hcm_filter_length} taps/{cfg.hcm_filter_groups} groups, LI {cfg.state_size} modes")
+    print(f"context        {cfg.max_seqlen:,} tokens (RoPE base {cfg.rotary_emb_base:g}, scale {cfg.rope_scale:g})")
+    print(f"state          {st['fixed']:,} bytes per sequence + {st['kv_per_token']:,} bytes per token")
+    print(f"drafter layers {cfg.drafter_layers}")
+    card = model_card_summary(model.source_dir) if hasattr(model, "source_dir") else None
+    if card:
+        summary = [ln for ln in card.splitlines() if ln.startswith(("- **", "**"))][:8]
+        if summary:
+            print("training       " + "\n               ".join(s.strip("- ") for s in summary))
+
+
+# ---------------------------------------------------------------------------------- train
+
+
+@app.command()
+@handle_errors
+def train(
+    config: str = typer.Option(..., "--config", help="train_config.json of the run (see "
+                               "models/*/MODEL_CARD.md for the bundled recipe)."),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from RUN/ckpt.pt if present."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Override the total number of steps."),
+    export_only: bool = typer.Option(False, "--export-only", help="Only export the last checkpoint "
+                                     "as a model folder."),
+    export: Optional[str] = typer.Option(None, "--export", help="Model folder to export to "
+                                         "(default RUN/model)."),
+    quiet: bool = QuietOpt,
+) -> None:
+    """Pretrain a StripedHyena 2 target on FASTA genomes (resumable, logged, deterministic)."""
+    from .errors import InputError
+    from .train.pretrain import Trainer, load_train_config
+
+    if not Path(config).is_file():
+        raise InputError(f"no such train config: {config}")
+    cfg = load_train_config(config)
+    if steps is not None:
+        cfg.steps = steps
+    trainer = Trainer(cfg)
+    resumed = trainer.resume() if resume else False
+    if resumed:
+        _say(f"evspark: resumed {cfg.out_dir} at step {trainer.step}")
+    if not export_only:
+        prog = _progress(cfg.steps, quiet, "train")
+        with prog:
+            task = prog.add_task("train", total=cfg.steps, completed=trainer.step, note="")
+
+            def cb(step: int, total: int, loss: float) -> None:
+                prog.update(task, completed=step, note=f"loss={loss:.3f}")
+
+            trainer.run(cb)
+    folder = trainer.export(export)
+    _say(f"evspark: exported {folder} (step {trainer.step}, {trainer.tokens_seen:,} tokens)")
+
+
+def main() -> None:
+    """Console entry point: usage errors become one line with exit code 2."""
+    try:
+        rc = app(standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except Exception as e:  # typer's vendored click usage errors (never imported directly)
+        code = getattr(e, "exit_code", None)
+        fmt = getattr(e, "format_message", None)
+        if code is not None and fmt is not None:
+            msg = " ".join(str(fmt()).split())
+            _say(f"evspark: error: {msg}")
+            sys.exit(2 if code not in (0, 1) else code or 0)
+        if isinstance(e, (EOFError,)):
+            sys.exit(1)
+        raise
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""The drafter interface: propose gamma tokens with the exact distributions they came from.
+
+A drafter sees the committed sequence (prompt + emitted tokens), the target's hidden states of
+committed positions (taken from the verification pass, no extra target work) and the target's
+committed inference state. `propose` must return q[k] = the distribution d_k was drawn from,
+in fp32 over the full vocabulary: the acceptance rule is only lossless with the true q.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from ...model.model import StripedHyena
+from ...model.state import InferenceState
+from ..sampling import Purpose, SamplerConfig, uniform
+
+
+@dataclass
+class RngKey:
+    """(seed, record, sample): with a position and a purpose, it keys every random number."""
+
+    seed: int = 0
+    record: int = 0
+    sample: int = 0
+
+    def u(self, position: int | Tensor, purpose: Purpose) -> Tensor:
+        return uniform(self.seed, self.record, self.sample, position, int(purpose))
+
+
+@dataclass
+class DraftContext:
+    """What a drafter is told at the start of a sequence."""
+
+    model: StripedHyena
+    prompt: list[int]
+    sampler: SamplerConfig
+    rng: RngKey
+    prefill_hidden: Tensor | None = None  # (n, layers, D) hidden states of prompt[:-1] (tail)
+
+
+@dataclass
+class Proposal:
+    drafts: Tensor  # (gamma,) long
+    q: Tensor  # (gamma, V) fp32, q[k] is the distribution drafts[k] was drawn from
+    info: dict = field(default_factory=dict)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, ctx: DraftContext) -> None:
+        """Start a sequence (reset per-sequence memory)."""
+
+    def propose(self, state: InferenceState, anchor: int, gamma: int) -> Proposal:
+        """Draft gamma tokens after `anchor`, whose absolute position is state.seqlen."""
+
+    def observe(self, tokens: list[int], hidden: Tensor) -> None:
+        """Committed tokens of the last round (anchor + accepted drafts), with their hidden
+        states (len(tokens), layers, D) from the verification pass."""
+
+
+def draw(probs: Tensor, u: Tensor) -> int:
+    """One inverse-CDF draw (ints only; the zero-mass guard lives in sampling.sample_from_probs)."""
+    from ..sampling import sample_from_probs
+
+    return int(sample_from_probs(probs, u))
+
+
+def empty_proposal(vocab: int) -> Proposal:
+    return Proposal(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab))

@@ -1,0 +1,87 @@
+"""Plain autoregressive decoding through `extend(k=1)`: the reference everything is checked against.
+
+Both decoders start the same way: the prompt except its last token is prefilled, and that last
+token becomes the *anchor* — the newest token not yet fed to the model. A native step feeds the
+anchor, samples the next token from p̃ with the SAMPLE stream at its absolute position, and makes
+it the new anchor. (A speculative round feeds the anchor plus gamma drafts instead.)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, RunError
+from ..model.model import StripedHyena
+from ..model.state import InferenceState
+from .drafters.base import RngKey
+from .sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    wall_s: float
+    mode: str  # "native" or "speculative"
+    rounds: int = 0
+    accepted: list[int] = field(default_factory=list)  # drafts accepted per round
+    proposed: list[int] = field(default_factory=list)  # drafts proposed per round
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    margins: list[float] = field(default_factory=list)  # native top1 - top2 logit gap per token
+    position_accepts: list[int] = field(default_factory=list)  # per draft slot: times accepted
+    position_trials: list[int] = field(default_factory=list)  # per draft slot: times reached
+
+    @property
+    def tau(self) -> float | None:
+        """Committed tokens per round, bonus/correction token included."""
+        return (sum(self.accepted) + self.rounds) / self.rounds if self.rounds else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return sum(self.accepted) / sum(self.proposed) if sum(self.proposed) else None
+
+
+def start(model: StripedHyena, prompt: list[int], reserve: int, keep_hidden: int = 0
+          ) -> tuple[InferenceState, int, Tensor | None]:
+    """Prefill prompt[:-1]; return (state, anchor, hidden states of the last `keep_hidden`)."""
+    if not prompt:
+        raise InputError("empty prompt")
+    ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=model.device)
+    if ids.shape[1] == 0:
+        return model.empty_state(1, capacity=reserve), prompt[-1], None
+    _, hidden, state = model.prefill(ids, keep_last=max(1, keep_hidden), reserve=reserve)
+    return state, prompt[-1], (hidden[0] if keep_hidden else None)
+
+
+def check_finite(logits: Tensor, position: int, label: str) -> None:
+    if not bool(torch.isfinite(logits).all()):
+        where = f"record '{label}', " if label else ""
+        raise RunError(f"{where}position {position}: the model produced NaN or inf logits")
+
+
+@torch.inference_mode()
+def decode_native(model: StripedHyena, prompt: list[int], max_new_tokens: int,
+                  sampler: SamplerConfig, rng: RngKey | None = None, label: str = "",
+                  track_margins: bool = False) -> DecodeResult:
+    """Generate `max_new_tokens` tokens one `extend(k=1)` at a time."""
+    rng = rng or RngKey()
+    t0 = time.perf_counter()
+    state, anchor, _ = start(model, prompt, reserve=max_new_tokens + 16)
+    out: list[int] = []
+    margins: list[float] = []
+    dev = model.device
+    while len(out) < max_new_tokens:
+        logits, _, block = model.extend(state, torch.tensor([[anchor]], device=dev))
+        state = block.commit(1)
+        row = logits[0, -1]
+        check_finite(row, state.seqlen, label)
+        if track_margins:
+            top = torch.topk(row.float(), 2).values
+            margins.append(float(top[0] - top[1]))
+        p = sampler_probs(row, sampler)
+        anchor = int(sample_from_probs(p, rng.u(state.seqlen, Purpose.SAMPLE)))
+        out.append(anchor)
+    return DecodeResult(out, time.perf_counter() - t0, "native", margins=margins)

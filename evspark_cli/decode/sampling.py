@@ -1,0 +1,228 @@
+"""The sampler transform and counter-based random numbers.
+
+Native decoding and speculative verification both call `sampler_probs`, so the distribution the
+rule is lossless against is, by construction, the one native decoding draws from. Random numbers
+come from a hash of (seed, record, sample, position, purpose), never from a global stream, so a
+run is reproducible and does not depend on batch composition.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+from torch import Tensor
+
+from evspark_cli.errors import InputError
+
+__all__ = [
+    "SamplerConfig",
+    "Purpose",
+    "scrub_logits",
+    "argmax_lowest",
+    "sampler_probs",
+    "uniform",
+    "sample_from_probs",
+]
+
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Evo 2's sampler settings (its defaults: T = 1, top-k 4, top-p 1)."""
+
+    temperature: float = 1.0
+    top_k: int = 4
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        """top_k == 1 or T == 0 short-circuits to argmax, as in Evo 2."""
+        return self.top_k == 1 or self.temperature == 0
+
+    def validate(self) -> None:
+        """Reject settings that have no sampling meaning, with a one-line message."""
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise InputError(f"temperature must be a finite number >= 0, got {t!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InputError(f"top_k must be an integer >= 0 (0 = no top-k), got {self.top_k!r}")
+        p = self.top_p
+        if not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+            raise InputError(f"top_p must be in (0, 1], got {p!r}")
+
+
+# --------------------------------------------------------------------------- sampler transform
+
+
+def _work_dtype(x: Tensor) -> torch.dtype:
+    """fp64 stays fp64 (exact tests); everything else is computed in fp32 like Evo 2."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def scrub_logits(logits: Tensor) -> Tensor:
+    """Cast to the working dtype and replace NaN by 0 and ±inf by ±(largest fp32)."""
+    x = logits.to(_work_dtype(logits))
+    return torch.nan_to_num(x, nan=0.0, posinf=_FP32_MAX, neginf=-_FP32_MAX)
+
+
+def argmax_lowest(logits: Tensor) -> Tensor:
+    """Greedy token over the last dim; the lowest index wins a tie (torch.argmax's documented rule).
+
+    Logits are scrubbed first so a NaN cannot win.
+    """
+    return torch.argmax(scrub_logits(logits), dim=-1)
+
+
+def _top_k_mask(x: Tensor, k: int) -> Tensor:
+    """Keep exactly k entries per row; among ties at the k-th value the lowest indices win.
+
+    torch.topk's choice among ties is unspecified, so only its k-th *value* is used.
+    """
+    if k == 0 or k >= x.shape[-1]:
+        return torch.ones_like(x, dtype=torch.bool)
+    kth = torch.topk(x, k, dim=-1).values[..., -1:]
+    above = x > kth
+    tied = x == kth
+    room = k - above.sum(dim=-1, keepdim=True)
+    return above | (tied & (tied.cumsum(dim=-1) <= room))
+
+
+def _top_p_mask(z: Tensor, keep: Tensor, top_p: float) -> Tensor:
+    """Smallest prefix of the kept set (by descending probability) with mass >= top_p."""
+    probs = torch.softmax(z.masked_fill(~keep, -math.inf), dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    before = torch.nn.functional.pad(sorted_p.cumsum(dim=-1)[..., :-1], (1, 0))
+    return torch.zeros_like(keep).scatter(-1, order, before < top_p)
+
+
+def sampler_probs(logits: Tensor, cfg: SamplerConfig) -> Tensor:
+    """p̃ = S(logits) over the last dim: scrub, top-k on raw logits, /T, top-p, softmax.
+
+    Returns fp32 (fp64 for fp64 input). This is the distribution native decoding draws from, so
+    it is also the one speculative verification must use.
+    """
+    cfg.validate()
+    x = scrub_logits(logits)
+    if cfg.greedy:
+        hot = torch.nn.functional.one_hot(argmax_lowest(x), x.shape[-1])
+        return hot.to(x.dtype)
+    keep = _top_k_mask(x, cfg.top_k)
+    big = torch.finfo(x.dtype).max
+    z = (x / cfg.temperature).clamp(-big, big)  # T < 1 may overflow scrubbed ±fp32 max
+    if cfg.top_p < 1.0:
+        keep = keep & _top_p_mask(z, keep, cfg.top_p)
+    return torch.softmax(z.masked_fill(~keep, -math.inf), dim=-1)
+
+
+# --------------------------------------------------------------------------- counter-based RNG
+
+
+class Purpose(IntEnum):
+    """What a random number is for; each purpose is an independent stream.
+
+    SAMPLE is any draw from the target's p̃: a native token and the speculative correction/bonus
+    token use the same stream.
+    """
+
+    SAMPLE = 0
+    DRAFT = 1
+    ACCEPT = 2
+    RESIDUAL = 3
+
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_MUL1 = 0xBF58476D1CE4E5B9
+_MUL2 = 0x94D049BB133111EB
+
+
+def _as_int64(x: int) -> int:
+    """The two's-complement int64 reading of a 64-bit pattern (torch has no uint64 maths)."""
+    x &= _MASK64
+    return x - (1 << 64) if x >> 63 else x
+
+
+def _fmix_int(x: int) -> int:
+    """splitmix64's finalizer on Python ints (used for the scalar keys)."""
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * _MUL1) & _MASK64
+    x = ((x ^ (x >> 27)) * _MUL2) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _srl(x: Tensor, s: int) -> Tensor:
+    """Logical right shift of int64 bit patterns: arithmetic shift, then clear the sign copies."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _fmix_tensor(x: Tensor) -> Tensor:
+    """splitmix64's finalizer on int64 tensors; multiplication wraps modulo 2**64."""
+    x = (x ^ _srl(x, 30)) * _as_int64(_MUL1)
+    x = (x ^ _srl(x, 27)) * _as_int64(_MUL2)
+    return x ^ _srl(x, 31)
+
+
+def _check_key(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+        raise ValueError(f"{name} must be an int in [0, 2**63), got {value!r}")
+    return int(value)
+
+
+def _to_unit(h: Tensor) -> Tensor:
+    """Top 53 bits of a 64-bit hash as a float64 in [0, 1 - 2**-53]; never 1.0."""
+    return _srl(h, 11).to(torch.float64) * (2.0**-53)
+
+
+def uniform(
+    seed: int,
+    record: int,
+    sample: int,
+    position: Tensor | int,
+    purpose: int,
+    *,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """U[0, 1) float64 numbers keyed by (seed, record, sample, position, purpose).
+
+    Each key is absorbed as one splitmix64 step, h ← fmix64(h + (key + 1)·φ); the four scalar
+    keys are hashed on the host, the position tensor elementwise. One number per element of
+    `position` (an int gives a 0-d tensor); the same key always gives the same number.
+    """
+    h = 0
+    for name, key in (("seed", seed), ("record", record), ("sample", sample), ("purpose", purpose)):
+        h = _fmix_int(h + (_check_key(name, key) + 1) * _GOLDEN)
+    if isinstance(position, Tensor):
+        if position.is_floating_point() or position.is_complex():
+            raise ValueError("position must be an integer tensor")
+        pos = position.to(torch.int64)
+    else:
+        pos = torch.tensor(_check_key("position", position), dtype=torch.int64, device=device)
+    mixed = _fmix_tensor(_as_int64(h) + (pos + 1) * _as_int64(_GOLDEN))
+    return _to_unit(mixed)
+
+
+# --------------------------------------------------------------------------- drawing a token
+
+
+def sample_from_probs(probs: Tensor, u: Tensor | float) -> Tensor:
+    """Inverse-CDF draw along the last dim: the first index whose cumulative mass exceeds u·total.
+
+    probs need not be normalised but each row needs positive mass (an all-zero row gives 0).
+    A zero-probability index is never returned: a zero entry adds nothing to the cumulative sum,
+    and a u·total that rounding puts at or beyond the end is clamped to the last index with
+    positive mass.
+    """
+    p = probs.to(torch.float64)
+    cdf = p.cumsum(dim=-1)
+    u64 = torch.as_tensor(u, dtype=torch.float64, device=p.device).expand(p.shape[:-1])
+    target = (u64 * cdf[..., -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
+    positions = torch.arange(p.shape[-1], device=p.device)
+    last_positive = torch.where(p > 0, positions, 0).amax(dim=-1)
+    return torch.minimum(idx, last_positive)

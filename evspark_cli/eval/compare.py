@@ -1,0 +1,32 @@
+"""Greedy losslessness check: native vs speculative, token by token, ties classified."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..decode.native import DecodeResult
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_greedy(record_id: str, native: DecodeResult, spec: DecodeResult,
+                   tie_tolerance: float) -> dict[str, Any]:
+    """A row of the verify table. A divergence is a tie when the native top-1/top-2 logit gap at
+    that position is below `tie_tolerance`: both paths then chose legitimately within fp noise."""
+    div = first_divergence(native.tokens, spec.tokens)
+    margin = native.margins[div] if div is not None and div < len(native.margins) else None
+    return {
+        "record_id": record_id,
+        "compared": len(native.tokens) if div is None else div + 1,
+        "divergence": div,
+        "native_margin": margin,
+        "tie": bool(div is not None and margin is not None and margin < tie_tolerance),
+        "tau": spec.tau or 0.0,
+        "native_s": native.wall_s,
+        "spec_s": spec.wall_s,
+        "speedup": native.wall_s / spec.wall_s if spec.wall_s > 0 else 0.0,
+    }

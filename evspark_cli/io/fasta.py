@@ -1,0 +1,590 @@
+"""Prompts from FASTA: plain, gzip, BGZF or stdin, whole records or samtools-style regions.
+
+Every problem with the user's input becomes one `InputError` line that names the file, the record
+and the position, because the CLI prints exactly that line and exits 2 (see design/cli.md).
+Nothing here writes next to the user's files: pyfaidx indexes go to a per-user cache directory
+(or `index_dir`) unless a fresh index already sits next to the FASTA file.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import os
+import re
+import secrets
+import stat
+import sys
+import tempfile
+import warnings
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any, Protocol
+
+from Bio.SeqIO.FastaIO import SimpleFastaParser
+
+from evspark_cli.errors import InputError
+
+__all__ = ["IUPAC", "Prompt", "read_prompts", "parse_region", "Region", "default_index_dir"]
+
+#: IUPAC nucleotide codes (any case on input). Gaps ('-', '.') and stop ('*') are rejected: a
+#: language-model prompt is a sequence, not an alignment row or a protein.
+IUPAC: frozenset[str] = frozenset("ACGTUNRYSWKMBDHV")
+
+_INVALID = re.compile("[^" + "".join(sorted(IUPAC | {c.lower() for c in IUPAC})) + "]")
+_WHITESPACE = str.maketrans("", "", " \t\r\n\v\f")
+_GZIP_MAGIC = b"\x1f\x8b"
+_OTHER_COMPRESSION = {
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"PK\x03\x04": "zip",
+}
+_REGION = re.compile(r"^(?P<name>.+):(?P<start>[0-9][0-9,]*)(?:-(?P<end>[0-9][0-9,]*)?)?$")
+_FINGERPRINT_BYTES = 1 << 16
+
+
+@dataclass
+class Prompt:
+    """One prompt: a whole record or a region of one, validated and upper-cased."""
+
+    id: str
+    description: str
+    seq: str
+    source: str  # the input path ('-' for stdin), plus ':REGION' when read through a region
+
+
+@dataclass(frozen=True)
+class Region:
+    """A parsed `--region`: 1-based inclusive `start`..`end`; both None for the whole record."""
+
+    text: str
+    name: str
+    start: int | None
+    end: int | None  # None with a start: up to the end of the record (samtools `ID:START`)
+
+
+def _fail(message: str) -> InputError:
+    """An InputError whose message is guaranteed to be one line (the CLI prints it verbatim)."""
+    return InputError(" ".join(message.split()) if "\n" in message or "\r" in message else message)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _clean(seq: str, what: str, offset: int = 0) -> str:
+    """Validate letters and upper-case; positions are 1-based in record coordinates."""
+    m = _INVALID.search(seq)
+    if m is not None:
+        ch = m.group()
+        pos = offset + m.start() + 1
+        if ch == "\x00":
+            raise _fail(f"{what}: NUL byte at position {pos} (binary data, not FASTA text)")
+        if "\udc80" <= ch <= "\udcff":
+            raise _fail(
+                f"{what}: undecodable byte 0x{ord(ch) - 0xDC00:02x} at position {pos} "
+                "(not UTF-8 text; binary file?)"
+            )
+        hint = ""
+        if ch in "-.":
+            hint = " (alignment gaps are not accepted)"
+        elif ch == "*":
+            hint = " (stop codons are not accepted: this is a protein or translated sequence?)"
+        elif ch.isspace():
+            hint = " (whitespace inside a sequence line)"
+        raise _fail(f"{what}: invalid character {ch!r} at position {pos}{hint}")
+    return seq.upper()
+
+
+def _check_tail(prompt_tail: int | None) -> int | None:
+    """`--prompt-tail` must be a positive int; bool is rejected because True == 1 is a bug."""
+    if prompt_tail is None:
+        return None
+    if isinstance(prompt_tail, bool) or not isinstance(prompt_tail, int) or prompt_tail < 1:
+        raise _fail(f"--prompt-tail must be an integer >= 1, got {prompt_tail!r}")
+    return prompt_tail
+
+
+# --------------------------------------------------------------------------- opening inputs
+
+
+def _open_binary(path: str) -> IO[bytes]:
+    """Open a path for reading, turning OS errors into InputError lines."""
+    if os.path.isdir(path):
+        raise _fail(f"{path}: is a directory, not a FASTA file")
+    try:
+        return open(path, "rb")  # noqa: SIM115 - closed by the caller's ExitStack
+    except FileNotFoundError:
+        raise _fail(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise _fail(f"{path}: is a directory, not a FASTA file") from None
+    except PermissionError:
+        raise _fail(f"{path}: permission denied") from None
+    except OSError as e:
+        raise _fail(f"{path}: cannot open ({e.strerror or e})") from None
+
+
+def _sniff(head: bytes, path: str) -> str:
+    """'plain', 'gzip' or 'bgzf' from magic bytes (never from the extension)."""
+    if head[:2] == _GZIP_MAGIC:
+        # BGZF: gzip with FEXTRA and a 'BC' subfield first (SAM/BAM spec, section 4.1).
+        if len(head) >= 16 and head[3] & 4 and head[12:14] == b"BC":
+            return "bgzf"
+        return "gzip"
+    for magic, name in _OTHER_COMPRESSION.items():
+        if head.startswith(magic):
+            raise _fail(f"{path}: {name}-compressed input is not supported (use plain, gzip or bgzip)")
+    return "plain"
+
+
+def _read_head(f: IO[bytes], path: str) -> bytes:
+    """Peek at the first bytes without consuming them (works on pipes too)."""
+    try:
+        peek = getattr(f, "peek", None)
+        return bytes(peek(18)[:18]) if peek is not None else b""
+    except (OSError, ValueError) as e:
+        raise _fail(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+
+
+def _text_stream(path: str, stack: contextlib.ExitStack) -> tuple[IO[str], bool]:
+    """A text stream over a path or stdin ('-'), gunzipped when the magic bytes say so."""
+    if path == "-":
+        stdin = sys.stdin
+        if stdin is None:
+            raise _fail("-: standard input is not available")
+        buf = getattr(stdin, "buffer", None)
+        if buf is not None and _read_head(buf, "-")[:2] == _GZIP_MAGIC:
+            gz = gzip.GzipFile(fileobj=buf, mode="rb")
+            return io.TextIOWrapper(gz, encoding="utf-8-sig", newline=None), True
+        return stdin, False
+    raw = stack.enter_context(_open_binary(path))
+    kind = _sniff(_read_head(raw, path), path)
+    if kind == "plain":
+        return stack.enter_context(io.TextIOWrapper(raw, encoding="utf-8-sig", newline=None)), False
+    gz = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
+    return stack.enter_context(io.TextIOWrapper(gz, encoding="utf-8-sig", newline=None)), True
+
+
+class _LineCheck:
+    """Yields lines for Biopython's parser while checking what a parser would silently accept.
+
+    Biopython skips leading junk and decodes lazily; wrapping the line iterator lets the errors
+    (not FASTA, NUL bytes, undecodable bytes, truncated gzip) name the file and the line.
+    """
+
+    def __init__(self, stream: IO[str], path: str, compressed: bool) -> None:
+        self.stream, self.path, self.compressed = stream, path, compressed
+        self.lineno = 0
+        self.started = False
+
+    def __iter__(self) -> Iterator[str]:
+        path = self.path
+        try:
+            for line in self.stream:
+                self.lineno += 1
+                if "\x00" in line:
+                    raise _fail(f"{path}: NUL byte at line {self.lineno} (binary file, not FASTA text)")
+                if not self.started:
+                    if not line.strip():
+                        continue
+                    if line[0] != ">":
+                        snippet = line.strip()[:20]
+                        raise _fail(
+                            f"{path}: not FASTA: line {self.lineno} should start with '>' "
+                            f"but starts with {snippet!r}"
+                        )
+                    self.started = True
+                yield line
+        except UnicodeDecodeError as e:
+            byte = e.object[e.start] if e.start < len(e.object) else 0
+            raise _fail(
+                f"{path}: not UTF-8 text (byte 0x{byte:02x} near line {self.lineno + 1}); "
+                "binary or non-FASTA file"
+            ) from e
+        except (EOFError, zlib.error) as e:
+            raise _fail(f"{path}: truncated or corrupt gzip data near line {self.lineno + 1} ({e})") from e
+        except OSError as e:
+            if self.compressed or isinstance(e, gzip.BadGzipFile):
+                raise _fail(f"{path}: truncated or corrupt gzip data near line {self.lineno + 1} ({e})") from e
+            raise _fail(f"{path}: read error near line {self.lineno + 1} ({e.strerror or e})") from e
+
+
+def _iter_records(path: str) -> Iterator[tuple[str, str, str]]:
+    """(id, description, sequence without whitespace) for every record; raises on structure."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stream, compressed = _text_stream(path, stack)
+        except (OSError, EOFError, zlib.error) as e:  # gzip header problems surface on open
+            raise _fail(f"{path}: cannot read ({e})") from e
+        lines = _LineCheck(stream, path, compressed)
+        n = 0
+        for title, seq in SimpleFastaParser(lines):
+            n += 1
+            parts = title.split(None, 1)
+            if not parts:
+                raise _fail(f"{path}: record #{n} has an empty header (no ID after '>')")
+            yield parts[0], parts[1].strip() if len(parts) > 1 else "", seq.translate(_WHITESPACE)
+        if n == 0:
+            what = "is empty" if lines.lineno == 0 else "contains only blank lines"
+            raise _fail(f"{path}: {what}: no FASTA records")
+
+
+def _check_inputs(inputs: list[str]) -> None:
+    """Input list sanity that needs no I/O: non-empty, stdin at most once."""
+    if not inputs:
+        raise _fail("no input FASTA given")
+    if sum(1 for p in inputs if p == "-") > 1:
+        raise _fail("'-' (standard input) can be given only once")
+
+
+def _record_dup(rid: str, path: str, seen: dict[str, str]) -> None:
+    """Duplicate ids would make outputs and --resume ambiguous, so they are an error."""
+    if rid in seen:
+        where = f"twice in {path}" if seen[rid] == path else f"in {seen[rid]} and in {path}"
+        raise _fail(f"duplicate record id {rid!r} ({where})")
+    seen[rid] = path
+
+
+def _tail(seq: str, tail: int | None) -> str:
+    return seq[-tail:] if tail is not None else seq
+
+
+# --------------------------------------------------------------------------- regions
+
+
+def parse_region(text: str) -> Region:
+    """Parse `ID`, `ID:START-END` or `ID:START` (samtools syntax, commas allowed in numbers).
+
+    An `ID` containing ':' that is not followed by valid coordinates is reported as malformed
+    here; `read_prompts` first checks whether the whole text is a record id (samtools does too).
+    """
+    if not text or text != text.strip() or any(c.isspace() for c in text):
+        raise _fail(f"malformed region {text!r}: expected ID, ID:START-END or ID:START (no spaces)")
+    m = _REGION.match(text)
+    if m is None:
+        if ":" in text:
+            raise _fail(
+                f"malformed region {text!r}: expected ID, ID:START-END or ID:START "
+                "(1-based, inclusive; e.g. chr1:1,000-2,000)"
+            )
+        return Region(text, text, None, None)
+    start_s = m.group("start").replace(",", "")
+    end_g = m.group("end")
+    if not start_s or (end_g is not None and not end_g.replace(",", "")):
+        raise _fail(f"malformed region {text!r}: coordinates must be numbers")
+    start = int(start_s)
+    end = int(end_g.replace(",", "")) if end_g is not None else None
+    if start < 1:
+        raise _fail(f"region {text!r}: start must be >= 1 (coordinates are 1-based), got {start}")
+    if end is not None and start > end:
+        raise _fail(f"region {text!r}: start {start} is after end {end}")
+    return Region(text, m.group("name"), start, end)
+
+
+class _Source(Protocol):
+    """Random access to the records of one input, for regions."""
+
+    path: str
+
+    def ids(self) -> list[str]: ...
+
+    def length(self, name: str) -> int: ...
+
+    def fetch(self, name: str, start: int, end: int) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class _MemorySource:
+    """Stdin, plain gzip, pipes and files pyfaidx cannot index: read once, keep what is wanted."""
+
+    def __init__(self, path: str, wanted: set[str]) -> None:
+        self.path = path
+        self._ids: list[str] = []
+        self._seqs: dict[str, str] = {}
+        seen: dict[str, str] = {}
+        for rid, _desc, seq in _iter_records(path):
+            _record_dup(rid, path, seen)
+            self._ids.append(rid)
+            if rid in wanted:
+                self._seqs[rid] = seq
+
+    def ids(self) -> list[str]:
+        return self._ids
+
+    def length(self, name: str) -> int:
+        return len(self._seqs[name])
+
+    def fetch(self, name: str, start: int, end: int) -> str:
+        return self._seqs[name][start - 1 : end]
+
+    def close(self) -> None:
+        self._seqs.clear()
+
+
+class _IndexedSource:
+    """pyfaidx over a plain or BGZF file; falls back to memory if the file disagrees with the index."""
+
+    def __init__(self, path: str, faidx: Any, wanted: set[str]) -> None:
+        self.path = path
+        self._fa = faidx
+        self._wanted = wanted
+        self._fallback: _MemorySource | None = None
+
+    def ids(self) -> list[str]:
+        if self._fallback is not None:
+            return self._fallback.ids()
+        return list(self._fa.index.keys())
+
+    def length(self, name: str) -> int:
+        if self._fallback is not None:
+            return self._fallback.length(name)
+        return int(self._fa.index[name].rlen)
+
+    def fetch(self, name: str, start: int, end: int) -> str:
+        if self._fallback is None:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    seq = self._fa.from_file(name, start, end)
+            except Exception:  # noqa: BLE001 - any pyfaidx/zlib/decode problem: re-read plainly
+                seq = None
+            # Whitespace inside lines, a stale index or a header inside the range: pyfaidx's
+            # coordinates cannot be trusted, so read the file the slow, validating way.
+            if (
+                isinstance(seq, str)
+                and len(seq) == end - start + 1
+                and ">" not in seq
+                and seq.translate(_WHITESPACE) == seq
+            ):
+                return seq
+            self._switch_to_memory()
+        assert self._fallback is not None
+        return self._fallback.fetch(name, start, end)
+
+    def _switch_to_memory(self) -> None:
+        self.close()
+        self._fallback = _MemorySource(self.path, self._wanted)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._fa.close()
+
+
+def default_index_dir() -> str | None:
+    """Where .fai/.gzi indexes go when the user gave no `index_dir`: a per-user cache folder.
+
+    `$XDG_CACHE_HOME/evspark/faidx` (default `~/.cache/...`), else a private folder in the
+    system temp dir; None when neither is writable (regions are then read into memory).
+    """
+    candidates = []
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    candidates.append(os.path.join(xdg, "evspark", "faidx"))
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    candidates.append(os.path.join(tempfile.gettempdir(), f"evspark-{uid}", "faidx"))
+    for d in candidates:
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            st = os.stat(d)
+            owned = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+            if stat.S_ISDIR(st.st_mode) and owned and os.access(d, os.W_OK | os.X_OK):
+                return d
+        except OSError:
+            continue
+    return None
+
+
+def _user_index_dir(index_dir: str) -> str:
+    """An explicit `index_dir` must be usable: failing silently would hide a typo."""
+    try:
+        os.makedirs(index_dir, exist_ok=True)
+    except OSError as e:
+        raise _fail(f"index directory {index_dir}: cannot create it ({e.strerror or e})") from None
+    if not os.path.isdir(index_dir):
+        raise _fail(f"index directory {index_dir}: not a directory")
+    if not os.access(index_dir, os.W_OK | os.X_OK):
+        raise _fail(f"index directory {index_dir}: not writable")
+    return index_dir
+
+
+def _fresh(index: str, st: os.stat_result) -> bool:
+    try:
+        return os.stat(index).st_mtime_ns >= st.st_mtime_ns
+    except OSError:
+        return False
+
+
+def _fingerprint(real: str, st: os.stat_result) -> str:
+    """Cache key: path, size, mtime, inode and the first/last 64 KiB (catches same-size rewrites)."""
+    h = hashlib.sha256(f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0".encode())
+    with open(real, "rb") as f:
+        h.update(f.read(_FINGERPRINT_BYTES))
+        if st.st_size > _FINGERPRINT_BYTES:
+            f.seek(max(_FINGERPRINT_BYTES, st.st_size - _FINGERPRINT_BYTES))
+            h.update(f.read(_FINGERPRINT_BYTES))
+    return h.hexdigest()[:32]
+
+
+def _faidx(path: str, **kw: Any) -> Any:
+    import pyfaidx  # lazy: only region reads pay for it
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pyfaidx.Faidx(path, duplicate_action="stop", **kw)
+
+
+def _open_indexed(path: str, kind: str, cache: str | None) -> Any | None:
+    """A pyfaidx.Faidx for `path`, or None when indexing fails (the caller reads into memory).
+
+    An existing fresh index next to the file is used read-only; otherwise the index is built in
+    `cache` under a key derived from the file, via a symlink whose extension tells pyfaidx the
+    real format (pyfaidx decides BGZF by the '.gz' extension, we decide by magic bytes).
+    """
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    bgzf = kind == "bgzf"
+    if path.lower().endswith((".gz", ".bgz")) == bgzf:  # pyfaidx decides by this name
+        fai, gzi = path + ".fai", path + ".gzi"
+        if _fresh(fai, st) and (not bgzf or _fresh(gzi, st)):
+            try:
+                return _faidx(path, rebuild=False, build_index=False)
+            except Exception:  # noqa: BLE001 - a broken neighbour index: build our own
+                pass
+    if cache is None:
+        return None
+    base = os.path.join(cache, _fingerprint(real, st) + (".fa.gz" if bgzf else ".fa"))
+    fai, gzi = base + ".fai", base + ".gzi"
+    try:
+        if os.path.realpath(base) != real:
+            tmp_link = f"{base}.{secrets.token_hex(6)}.lnk"
+            os.symlink(real, tmp_link)
+            os.replace(tmp_link, base)
+    except OSError:
+        return None
+    if os.path.exists(fai) and (not bgzf or os.path.exists(gzi)):
+        try:
+            return _faidx(base, indexname=fai, gzi_indexname=gzi, rebuild=False, build_index=False)
+        except Exception:  # noqa: BLE001 - corrupt cache entry: rebuild below
+            pass
+    tmp = f"{base}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+    try:
+        fa = _faidx(base, indexname=tmp + ".fai", gzi_indexname=tmp + ".gzi")
+        if bgzf:
+            os.replace(tmp + ".gzi", gzi)
+        os.replace(tmp + ".fai", fai)  # written last: its presence means the entry is complete
+        return fa
+    except Exception:  # noqa: BLE001 - unindexable (odd line lengths, corrupt BGZF...): memory
+        return None
+    finally:
+        for leftover in (tmp + ".fai", tmp + ".gzi"):
+            with contextlib.suppress(OSError):
+                os.remove(leftover)
+
+
+def _open_source(path: str, wanted: set[str], index_dir: str | None) -> _Source:
+    """Indexed access when the input is a regular plain/BGZF file, else an in-memory copy."""
+    if path == "-":
+        return _MemorySource(path, wanted)
+    with _open_binary(path) as f:
+        kind = _sniff(_read_head(f, path), path)
+        regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+    if not regular or kind == "gzip":
+        return _MemorySource(path, wanted)
+    cache = _user_index_dir(index_dir) if index_dir is not None else default_index_dir()
+    try:
+        fa = _open_indexed(path, kind, cache)
+    except OSError:
+        fa = None
+    if fa is None:
+        return _MemorySource(path, wanted)
+    return _IndexedSource(path, fa, wanted)
+
+
+def _read_regions(
+    inputs: list[str], regions: list[str], tail: int | None, index_dir: str | None
+) -> list[Prompt]:
+    """Extract the regions, in the order given, looking each record up across all inputs."""
+    texts = list(regions)
+    for t in texts:
+        if not isinstance(t, str) or not t or any(c.isspace() for c in t):
+            raise _fail(f"malformed region {t!r}: expected ID, ID:START-END or ID:START (no spaces)")
+    wanted: set[str] = set(texts)
+    for t in texts:
+        m = _REGION.match(t)
+        if m is not None:
+            wanted.add(m.group("name"))
+    with contextlib.ExitStack() as stack:
+        owner: dict[str, _Source] = {}
+        seen: dict[str, str] = {}
+        for path in inputs:
+            src = _open_source(path, wanted, index_dir)
+            stack.callback(src.close)
+            for rid in src.ids():
+                _record_dup(rid, path, seen)
+                owner[rid] = src
+        prompts: list[Prompt] = []
+        given: set[str] = set()
+        for text in texts:
+            region = Region(text, text, None, None) if text in owner else parse_region(text)
+            src = owner.get(region.name)
+            if src is None:
+                shown = ", ".join(inputs[:3]) + (f" (+{len(inputs) - 3} more)" if len(inputs) > 3 else "")
+                raise _fail(f"region {text!r}: no record {region.name!r} in {shown}")
+            length = src.length(region.name)
+            if length == 0:
+                raise _fail(f"record {region.name!r} in {src.path} is empty (no sequence)")
+            if region.start is None:
+                start, end = 1, length
+                rid = region.name
+            else:
+                start = region.start
+                end = region.end if region.end is not None else length
+                if start > length or end > length:
+                    bad = max(start, end)
+                    raise _fail(
+                        f"region {text!r}: position {bad} is past the end of record "
+                        f"{region.name!r} ({length} bp) in {src.path}"
+                    )
+                rid = f"{region.name}:{start}-{end}"
+            if rid in given:
+                raise _fail(f"region {rid!r} is given more than once")
+            given.add(rid)
+            what = f"record {region.name!r} in {src.path}" + ("" if rid == region.name else f" (region {rid})")
+            seq = _clean(src.fetch(region.name, start, end), what, offset=start - 1)
+            prompts.append(Prompt(rid, "", _tail(seq, tail), f"{src.path}:{rid}"))
+        return prompts
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def read_prompts(
+    inputs: list[str],
+    regions: list[str] | None = None,
+    prompt_tail: int | None = None,
+    index_dir: str | None = None,
+) -> list[Prompt]:
+    """Read, validate and upper-case every record of every input (or only `regions`).
+
+    Without regions, records come in input order; with regions, only the regions, in the order
+    given, with id `ID:START-END` (or `ID` for a whole record) and an empty description.
+    `prompt_tail` keeps the last N bases. Raises InputError with a one-line message.
+    """
+    tail = _check_tail(prompt_tail)
+    inputs = [os.fspath(p) for p in inputs]  # Path objects are fine too
+    _check_inputs(inputs)
+    if regions:
+        return _read_regions(inputs, list(regions), tail, None if index_dir is None else os.fspath(index_dir))
+    prompts: list[Prompt] = []
+    seen: dict[str, str] = {}
+    for path in inputs:
+        for rid, desc, seq in _iter_records(path):
+            what = f"record {rid!r} in {path}"
+            if not seq:
+                raise _fail(f"{what} is empty (no sequence)")
+            _record_dup(rid, path, seen)
+            prompts.append(Prompt(rid, desc, _tail(_clean(seq, what), tail), path))
+    return prompts
+

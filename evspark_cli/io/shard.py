@@ -1,0 +1,41 @@
+"""`--shard I/N`: split the prompts of one run across N independent processes or machines.
+
+The split is round-robin by position: the item at 0-based index i (in input order, after regions
+and before any --resume skipping) belongs to shard (i mod N) + 1. So the N shards of the same
+input list are disjoint and together cover every item exactly once, each shard keeps the input
+order, and shard sizes differ by at most one (long and short records interleave, which balances
+the work better than contiguous blocks).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TypeVar
+
+from evspark_cli.errors import InputError
+
+__all__ = ["parse_shard", "select_shard"]
+
+T = TypeVar("T")
+_SHARD = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """Parse "I/N" with 1 <= I <= N (1-based, like the shard names users see)."""
+    m = _SHARD.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        raise InputError(f"--shard must look like I/N (e.g. 1/4), got {text!r}")
+    i, n = int(m.group(1)), int(m.group(2))
+    if n < 1 or not 1 <= i <= n:
+        raise InputError(f"--shard {text}: need 1 <= I <= N (shards are numbered from 1)")
+    return i, n
+
+
+def select_shard(items: Sequence[T], shard: tuple[int, int] | None) -> list[T]:
+    """The items of shard (I, N): index i goes to shard (i mod N) + 1; None keeps everything."""
+    if shard is None:
+        return list(items)
+    i, n = shard
+    if n < 1 or not 1 <= i <= n:
+        raise InputError(f"shard {i}/{n}: need 1 <= I <= N")
+    return list(items[i - 1 :: n])

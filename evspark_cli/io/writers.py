@@ -1,0 +1,427 @@
+"""Crash-safe outputs: records go to `OUTPUT.partial` as they complete, `finish()` renames it.
+
+Generation is slow, so nothing finished may be lost: each record is one write + flush + fsync,
+an interrupted run leaves only `OUTPUT.partial` (never a half `OUTPUT`), and `resume=True` keeps
+its complete records and reports their ids so the caller skips them. Setup problems (missing or
+read-only directory, a stale partial) are `InputError` (exit 2); an I/O failure in the middle of
+a run (disk full) is `RunError` (exit 1).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from evspark_cli.errors import InputError, RunError
+
+try:  # POSIX: refuse two processes appending to the same partial file
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["check_output_path", "FastaOutput", "StatsOutput", "PARTIAL_SUFFIX"]
+
+PARTIAL_SUFFIX = ".partial"
+_T = TypeVar("_T", bound="_PartialOutput")
+_SEQ_OK = re.compile(rb"[A-Za-z*.\-]+")
+_SEQ_OK_STR = re.compile(r"[A-Za-z*.\-]*")
+
+
+def _is_stdout(path: str | None) -> bool:
+    return path is None or path == "-"
+
+
+def check_output_path(path: str | None) -> None:
+    """Fail before any work if OUTPUT cannot be written (the CLI calls this up front).
+
+    Checks that the folder exists and is writable (the partial file and the rename both live
+    there), and that OUTPUT is not a directory or a device/FIFO (which the rename would replace).
+    """
+    if _is_stdout(path):
+        return
+    assert path is not None
+    if not path:
+        raise InputError("empty output path (use '-' for standard output)")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory; give an output file name")
+    if os.path.lexists(path):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            mode = stat.S_IFREG  # a dangling symlink: the rename replaces it
+        if not stat.S_ISREG(mode):
+            raise InputError(f"{path}: not a regular file (use '-' for standard output)")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(parent):
+        raise InputError(f"{path}: output directory {parent} does not exist")
+    if not os.path.isdir(parent):
+        raise InputError(f"{path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{path}: output directory {parent} is not writable")
+
+
+class _PartialOutput:
+    """The shared protocol: create or resume `PATH.partial`, append records durably, rename.
+
+    Subclasses provide `_preamble()` (text written once at the top of a new file) and
+    `_scan(data)` (how many leading bytes of an existing partial are complete records, and
+    their ids), and call `_emit(text, record_id)` once per record.
+    """
+
+    def __init__(self, path: str | None, resume: bool = False) -> None:
+        self.path: str | None = None if _is_stdout(path) else path
+        self.partial: str | None = None
+        self.done_ids: set[str] = set()
+        self._fd: int | None = None
+        self._finished = False
+        if self.path is None:
+            if resume:
+                raise InputError("--resume needs an output file: standard output cannot be resumed")
+            return
+        check_output_path(self.path)
+        self.partial = self.path + PARTIAL_SUFFIX
+        if os.path.isdir(self.partial):
+            raise InputError(f"{self.partial}: is a directory; remove it")
+        if os.path.lexists(self.partial):
+            if not resume:
+                raise InputError(
+                    f"{self.partial} exists (left by an interrupted run): "
+                    "pass --resume to continue it, or delete it"
+                )
+            self._resume()
+        else:
+            self._create()
+
+    # -- subclass hooks
+    def _preamble(self) -> str:
+        return ""
+
+    def _scan(self, data: bytes) -> tuple[int, list[str]]:
+        raise NotImplementedError
+
+    # -- file handling
+    def _lock(self) -> None:
+        assert self._fd is not None
+        if fcntl is None:
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            self._fd = None
+            raise InputError(f"{self.partial}: another process is writing it") from None
+
+    def _create(self) -> None:
+        assert self.partial is not None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        try:
+            self._fd = os.open(self.partial, flags, 0o666)
+        except FileExistsError:
+            raise InputError(f"{self.partial} appeared while starting (another run?); delete it") from None
+        except OSError as e:
+            raise InputError(f"{self.partial}: cannot create ({e.strerror or e})") from None
+        self._lock()
+        if self._preamble():
+            self._write_bytes(self._preamble().encode("utf-8"))
+
+    def _resume(self) -> None:
+        assert self.partial is not None
+        try:
+            self._fd = os.open(self.partial, os.O_RDWR | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise InputError(f"{self.partial}: cannot open to resume ({e.strerror or e})") from None
+        self._lock()
+        try:
+            with open(self.partial, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            self.close()
+            raise InputError(f"{self.partial}: cannot read to resume ({e.strerror or e})") from None
+        try:
+            keep, ids = self._scan(data)
+        except InputError:
+            self.close()
+            raise
+        try:
+            if keep < len(data):
+                os.ftruncate(self._fd, keep)
+                os.fsync(self._fd)
+        except OSError as e:
+            self.close()
+            raise InputError(f"{self.partial}: cannot truncate its incomplete tail ({e.strerror or e})") from None
+        self.done_ids.update(ids)
+        if keep == 0 and self._preamble():
+            self._write_bytes(self._preamble().encode("utf-8"))
+
+    def _write_bytes(self, data: bytes) -> None:
+        """One record = one write (looping only on short writes) + fsync, so a crash rarely tears it."""
+        assert self._fd is not None
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            os.fsync(self._fd)
+        except OSError as e:
+            raise RunError(f"{self.partial}: write failed ({e.strerror or e})") from None
+
+    def _emit(self, text: str, record_id: str) -> None:
+        if self._finished:
+            raise ValueError("output already finished")
+        if self.path is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            if self._fd is None:
+                raise ValueError("output is closed")
+            self._write_bytes(text.encode("utf-8"))
+        self.done_ids.add(record_id)
+
+    def finish(self) -> None:
+        """Success: rename the partial onto OUTPUT (atomic on POSIX). Call it explicitly."""
+        if self._finished:
+            return
+        if self.path is None:
+            sys.stdout.flush()
+            self._finished = True
+            return
+        assert self.partial is not None
+        if self._fd is None:
+            raise ValueError("output is closed")
+        try:
+            os.fsync(self._fd)
+            os.replace(self.partial, self.path)
+        except OSError as e:
+            raise RunError(f"{self.path}: cannot move {self.partial} into place ({e.strerror or e})") from None
+        finally:
+            self.close()
+        self._finished = True
+        try:  # make the rename itself durable
+            dfd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Close without renaming (what happens on an exception): the partial stays for --resume."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _corrupt(self, detail: str) -> InputError:
+        return InputError(f"{self.partial}: cannot resume, {detail}; delete it to start over")
+
+
+def _split_lines(data: bytes) -> list[tuple[int, int, bool]]:
+    """(start, end without '\\n', ends with '\\n') for each line of `data`."""
+    out: list[tuple[int, int, bool]] = []
+    i = 0
+    while i < len(data):
+        j = data.find(b"\n", i)
+        if j == -1:
+            out.append((i, len(data), False))
+            break
+        out.append((i, j, True))
+        i = j + 1
+    return out
+
+
+class FastaOutput(_PartialOutput):
+    """Generated sequences as FASTA, `line_width` letters per line (0 = one line per record)."""
+
+    def __init__(self, path: str | None, line_width: int = 60, resume: bool = False) -> None:
+        if isinstance(line_width, bool) or not isinstance(line_width, int) or line_width < 0:
+            raise InputError(f"--line-width must be an integer >= 0 (0 = no wrapping), got {line_width!r}")
+        self.line_width = line_width
+        super().__init__(path, resume)
+
+    def write(self, record_id: str, description: str, seq: str) -> None:
+        """Append one complete record (durably, when writing to a file)."""
+        if not record_id or any(c.isspace() for c in record_id):
+            raise ValueError(f"record id must be non-empty without whitespace, got {record_id!r}")
+        if "\n" in description or "\r" in description:
+            raise ValueError("description must be a single line")
+        if _SEQ_OK_STR.fullmatch(seq) is None:
+            raise ValueError(f"record {record_id!r}: sequence must be letters only (no whitespace or '>')")
+        if record_id in self.done_ids:
+            raise ValueError(f"record {record_id!r} was already written")
+        header = f">{record_id} {description}" if description else f">{record_id}"
+        w = self.line_width or max(len(seq), 1)
+        body = "".join(seq[i : i + w] + "\n" for i in range(0, len(seq), w))
+        self._emit(header + "\n" + body, record_id)
+
+    def _scan(self, data: bytes) -> tuple[int, list[str]]:
+        lines = _split_lines(data)
+        if lines and not data.startswith(b">"):
+            raise self._corrupt("it does not start with a FASTA header")
+        starts = [k for k, (a, _b, _n) in enumerate(lines) if data[a : a + 1] == b">"]
+        ids: list[str] = []
+        for r, k0 in enumerate(starts):
+            k1 = starts[r + 1] if r + 1 < len(starts) else len(lines)
+            problem, rid = self._check_record(data, lines[k0:k1])
+            if problem is None and rid in ids:
+                problem = f"record {rid!r} appears twice"
+            if problem is not None:
+                if r == len(starts) - 1:  # a torn last record: drop it, it will be redone
+                    return lines[k0][0], ids
+                raise self._corrupt(problem)
+            ids.append(rid)
+        return len(data), ids
+
+    def _check_record(self, data: bytes, rec: list[tuple[int, int, bool]]) -> tuple[str | None, str]:
+        """None if `rec` (header + sequence lines) is a complete record as `write` makes them."""
+        if not all(nl for _a, _b, nl in rec):
+            return "it ends in the middle of a line", ""
+        try:
+            header = data[rec[0][0] + 1 : rec[0][1]].decode("utf-8")
+        except UnicodeDecodeError:
+            return "a header is not UTF-8", ""
+        rid = header.split(None, 1)[0] if header.split() else ""
+        if not rid:
+            return "a header has no record id", ""
+        seq_lines = rec[1:]
+        for a, b, _nl in seq_lines:
+            if _SEQ_OK.fullmatch(data, a, b) is None:
+                return f"record {rid!r} has a line that is not sequence", rid
+        lens = [b - a for a, b, _nl in seq_lines]
+        if self.line_width == 0:
+            if len(lens) > 1:
+                return f"record {rid!r} is wrapped but --line-width is 0 (different --line-width?)", rid
+        elif lens and (any(n != self.line_width for n in lens[:-1]) or lens[-1] > self.line_width):
+            return f"record {rid!r} has lines of another width (different --line-width?)", rid
+        return None, rid
+
+
+_NUMBER_DIGITS = 6
+
+
+def _plain(value: Any) -> Any:
+    """numpy/torch scalars -> Python scalars, so formatting below sees int/float/bool/str."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def _tsv_cell(value: Any) -> str:
+    value = _plain(value)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.{_NUMBER_DIGITS}g}" if math.isfinite(value) else str(value)
+    return str(value).replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def _json_value(value: Any) -> Any:
+    value = _plain(value)
+    if isinstance(value, float) and not isinstance(value, bool):
+        return float(f"{value:.{_NUMBER_DIGITS}g}") if math.isfinite(value) else None
+    return value
+
+
+class StatsOutput(_PartialOutput):
+    """Per-record statistics: `.tsv` (header row, '' for None) or `.jsonl` (null for None).
+
+    Floats keep 6 significant digits; non-finite floats are `nan`/`inf` in TSV and null in JSONL
+    (JSON has no NaN). `done_ids` holds the values of the `record_id` column (else the first
+    column) of resumed rows; `done_rows` the rows themselves (TSV: strings; JSONL: JSON values).
+    """
+
+    def __init__(self, path: str | None, columns: Sequence[str], resume: bool = False) -> None:
+        cols = list(columns)
+        if not cols or len(set(cols)) != len(cols):
+            raise ValueError("columns must be a non-empty list of distinct names")
+        if any(not c or any(ch in c for ch in "\t\r\n") for c in cols):
+            raise ValueError("column names must be non-empty without tabs or newlines")
+        self.columns = cols
+        self.id_column = "record_id" if "record_id" in cols else cols[0]
+        self.done_rows: list[dict[str, Any]] = []
+        if _is_stdout(path):
+            self.format = "tsv"
+        else:
+            assert path is not None
+            ext = os.path.splitext(path)[1].lower()
+            if ext not in (".tsv", ".jsonl"):
+                raise InputError(f"{path}: stats file must end in .tsv or .jsonl")
+            self.format = ext[1:]
+        super().__init__(path, resume)
+        if self.path is None:
+            sys.stdout.write(self._preamble())
+
+    def _preamble(self) -> str:
+        return "\t".join(self.columns) + "\n" if self.format == "tsv" else ""
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append one row; missing columns are empty/null, unknown keys are a bug (ValueError)."""
+        unknown = set(row) - set(self.columns)
+        if unknown:
+            raise ValueError(f"unknown stats columns: {sorted(unknown)}")
+        if self.format == "tsv":
+            line = "\t".join(_tsv_cell(row.get(c)) for c in self.columns) + "\n"
+        else:
+            obj = {c: _json_value(row.get(c)) for c in self.columns}
+            line = json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n"
+        key = _plain(row.get(self.id_column))
+        self._emit(line, "" if key is None else str(key))
+
+    def _scan(self, data: bytes) -> tuple[int, list[str]]:
+        lines = _split_lines(data)
+        ids: list[str] = []
+        rows: list[dict[str, Any]] = []
+        first = 0
+        if self.format == "tsv":
+            header = self._preamble().encode("utf-8")
+            if not data.startswith(header):
+                if header.startswith(data):  # torn header line: start the file over
+                    return 0, []
+                raise self._corrupt("its columns differ from this run's (another --stats file?)")
+            first = 1
+        for k in range(first, len(lines)):
+            a, b, nl = lines[k]
+            row = self._parse_row(data[a:b]) if nl else None
+            if row is None:
+                if k == len(lines) - 1:  # torn last row
+                    self.done_rows = rows
+                    return a, ids
+                raise self._corrupt(f"line {k + 1} is not a complete {self.format.upper()} row")
+            rows.append(row)
+            ids.append(str(row.get(self.id_column)))
+        self.done_rows = rows
+        return len(data), ids
+
+    def _parse_row(self, raw: bytes) -> dict[str, Any] | None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if self.format == "tsv":
+            cells = text.split("\t")
+            return dict(zip(self.columns, cells)) if len(cells) == len(self.columns) else None
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or set(obj) != set(self.columns):
+            return None
+        return obj

@@ -1,0 +1,96 @@
+"""Multi-head attention with GPT-NeoX rotary embeddings (linear position interpolation)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .layers import ResidualBlock
+from .state import KVCache, KVPending, KVState
+
+QUERY_CHUNK = 1024  # long prefill chunks attend in slices of queries to bound the score matrix
+
+
+class RotaryEmbedding(nn.Module):
+    """theta_i(t) = inv_freq_i * t / scale; `inv_freq` is a checkpoint buffer, kept in fp32."""
+
+    def __init__(self, head_dim: int, base: float, scale: float) -> None:
+        super().__init__()
+        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv, persistent=True)
+        self.scale = scale
+
+    def forward(self, x: Tensor, t0: int) -> Tensor:
+        """Rotate halves of x (B, k, H, d_h) at positions t0..t0+k-1."""
+        k = x.shape[1]
+        t = torch.arange(t0, t0 + k, device=x.device, dtype=torch.float32) / self.scale
+        ang = t[:, None] * self.inv_freq.float()[None, :]
+        cos, sin = ang.cos().to(x.dtype)[None, :, None, :], ang.sin().to(x.dtype)[None, :, None, :]
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class MHA(nn.Module):
+    """Causal softmax attention; `Wqkv` rows are [q; k; v], head-major inside each."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        D = cfg.hidden_size
+        self.heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        self.Wqkv = nn.Linear(D, 3 * D, bias=cfg.qkv_proj_bias)
+        self.out_proj = nn.Linear(D, D, bias=cfg.mha_out_proj_bias)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rotary_emb_base, cfg.rope_scale)
+
+    def forward(self, u: Tensor, st: KVState | None, t0: int) -> tuple[Tensor, KVPending | None]:
+        B, k, _ = u.shape
+        qkv = self.Wqkv(u).view(B, k, 3, self.heads, self.head_dim)
+        q = self.rotary_emb(qkv[:, :, 0], t0)
+        key = self.rotary_emb(qkv[:, :, 1], t0)
+        val = qkv[:, :, 2]
+        pending = None
+        if st is None:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), key.transpose(1, 2),
+                                               val.transpose(1, 2), is_causal=True)
+        else:
+            version = st.cache.write(t0, key, val)
+            pending = KVPending(st.cache, t0, version)
+            keys = st.cache.k[:, : t0 + k].transpose(1, 2)
+            vals = st.cache.v[:, : t0 + k].transpose(1, 2)
+            o = attend_block(q.transpose(1, 2), keys, vals, t0)
+        o = o.transpose(1, 2).reshape(B, k, -1)
+        return self.out_proj(o), pending
+
+    def empty_state(self, batch: int, capacity: int, dtype: torch.dtype, device) -> KVState:
+        return KVState(KVCache(batch, capacity, self.heads, self.head_dim, dtype, device), 0)
+
+
+class AttentionBlock(ResidualBlock):
+    kind = "attn"
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__(cfg, layer)
+        self.inner_mha_cls = MHA(cfg)
+
+    def mix(self, h: Tensor, st: KVState | None, t0: int):
+        return self.inner_mha_cls(h, st, t0)
+
+    def empty_state(self, batch: int, capacity: int, dtype, device) -> KVState:
+        return self.inner_mha_cls.empty_state(batch, capacity, dtype, device)
+
+
+def attend_block(q: Tensor, keys: Tensor, vals: Tensor, t0: int) -> Tensor:
+    """Queries at positions t0..t0+k-1 over keys 0..t0+k-1, causal inside the block."""
+    k = q.shape[2]
+    if k == 1:
+        return F.scaled_dot_product_attention(q, keys, vals)
+    outs = []
+    for s in range(0, k, QUERY_CHUNK):
+        e = min(k, s + QUERY_CHUNK)
+        n_keys = t0 + e
+        qpos = torch.arange(t0 + s, t0 + e, device=q.device)[:, None]
+        mask = torch.arange(n_keys, device=q.device)[None, :] <= qpos
+        outs.append(F.scaled_dot_product_attention(q[:, :, s:e], keys[:, :, :n_keys],
+                                                   vals[:, :, :n_keys], attn_mask=mask))
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+

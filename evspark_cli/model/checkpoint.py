@@ -1,0 +1,215 @@
+"""Model folders (config.json + model.safetensors) and Evo 2 / vortex checkpoint conversion.
+
+Tensor names are vortex's (``blocks.{i}.filter.h`` ...), with two differences from the
+distributed Evo 2 files that `convert_checkpoint` takes care of: attention ``Wqkv`` rows are
+stored ``[q; k; v]`` (Evo 2 files interleave them per head) and there is no ``unembed.weight``
+or Transformer Engine ``_extra_state``.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from ..errors import ModelError
+from .config import ModelConfig
+from .model import StripedHyena
+
+FP32_KEEP = ("filter.log_poles", "filter.residues", "rotary_emb.inv_freq")
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+def repo_models_dir() -> Path:
+    """Where bundled models live: $EVSPARK_MODELS, else `models/` beside the package."""
+    env = os.environ.get("EVSPARK_MODELS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "models"
+
+
+def default_model_dir() -> Path:
+    """The bundled target: the folder named in models/DEFAULT, else the only target there."""
+    root = repo_models_dir()
+    marker = root / "DEFAULT"
+    if marker.is_file():
+        return root / marker.read_text().strip()
+    cands = sorted(p.parent for p in root.glob(f"*/{WEIGHTS}"))
+    if not cands:
+        raise ModelError(f"no bundled model found in {root}; pass --model DIR")
+    return cands[0]
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError("--device cuda requested but no CUDA device is available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16}
+    if dtype not in table:
+        raise ModelError(f"unknown dtype {dtype!r} (use auto, float32 or bfloat16)")
+    return table[dtype]
+
+
+def cast_model(model: StripedHyena, dtype: torch.dtype) -> StripedHyena:
+    """Evo 2's precision policy: everything in `dtype` except poles, residues and inv_freq (fp32)."""
+    model.to(dtype)
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.endswith(FP32_KEEP):
+            t.data = t.data.float()
+    return model
+
+
+# ------------------------------------------------------------------------------- read / write
+
+
+def read_safetensors(path: Path) -> dict[str, Tensor]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise ModelError(f"cannot read {path}: corrupt or not a safetensors file ({_short(e)})") from None
+
+
+def _short(e: BaseException) -> str:
+    return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+
+
+def check_and_load(model: StripedHyena, tensors: dict[str, Tensor], source: Path) -> None:
+    """Strict load: a missing, unexpected, mis-shaped or non-finite tensor is named and refused."""
+    own = model.state_dict()
+    for name in own:
+        if name not in tensors:
+            raise ModelError(f"{source}: missing tensor '{name}'")
+    for name, t in tensors.items():
+        if name not in own:
+            raise ModelError(f"{source}: unexpected tensor '{name}' (config and weights disagree?)")
+        if tuple(t.shape) != tuple(own[name].shape):
+            raise ModelError(f"{source}: tensor '{name}' has shape {tuple(t.shape)}, "
+                             f"the config implies {tuple(own[name].shape)}")
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise ModelError(f"{source}: tensor '{name}' contains NaN or inf")
+    with torch.no_grad():
+        for name, t in tensors.items():
+            own[name].copy_(t.to(own[name].dtype))
+
+
+def load_model(path: str | Path | None = None, device: str | None = "cpu",
+               dtype: str | torch.dtype | None = None) -> StripedHyena:
+    """Load a model folder (None = the bundled target) for inference."""
+    folder = Path(path) if path is not None else default_model_dir()
+    if not folder.is_dir():
+        raise ModelError(f"model folder {folder} does not exist")
+    for need in (CONFIG, WEIGHTS):
+        if not (folder / need).is_file():
+            raise ModelError(f"model folder {folder} has no {need}")
+    cfg = ModelConfig.load(folder / CONFIG)
+    tensors = read_safetensors(folder / WEIGHTS)
+    model = StripedHyena(cfg)
+    check_and_load(model, tensors, folder / WEIGHTS)
+    dev = resolve_device(device)
+    model = cast_model(model.to(dev), resolve_dtype(dtype, dev))
+    model.eval()
+    model.source_dir = folder  # type: ignore[attr-defined]
+    return model
+
+
+def save_model(model: StripedHyena, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write config.json and model.safetensors (optionally cast, fp32 filters kept), atomically."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for k, v in model.state_dict().items():
+        t = v.detach().to("cpu")
+        if dtype is not None and t.is_floating_point() and not k.endswith(FP32_KEEP):
+            t = t.to(dtype)
+        tensors[k] = t.contiguous().clone()
+    tmp = out / (WEIGHTS + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt", "producer": "evspark"})
+    os.replace(tmp, out / WEIGHTS)
+    model.config.save(out / CONFIG)
+    return out
+
+
+def weights_hash(folder: str | Path) -> str:
+    """sha256 of a model's weights file: drafters record it to refuse a different target."""
+    h = hashlib.sha256()
+    with open(Path(folder) / WEIGHTS, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------- conversion
+
+
+def _read_pt(path: Path) -> dict[str, Tensor]:
+    """A `.pt` state dict through torch.load(weights_only=True): no code runs on unpickling."""
+    try:
+        with torch.serialization.safe_globals([io.BytesIO]):
+            obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is a refusal
+        raise ModelError(f"refusing to load {path}: not a plain tensor checkpoint ({_short(e)})") from None
+    for key in ("model", "state_dict", "module"):
+        if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
+            obj = obj[key]
+    if not isinstance(obj, dict):
+        raise ModelError(f"{path}: expected a dict of tensors, found {type(obj).__name__}")
+    return {k: v for k, v in obj.items() if isinstance(v, Tensor)}
+
+
+def evo2_to_evspark(raw: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """Rename/reshape an Evo 2 (vortex checkpoint layout) state dict into EvSpark's layout."""
+    out: dict[str, Tensor] = {}
+    H, dh, D = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+    for name, t in raw.items():
+        if name.endswith("_extra_state") or name == "unembed.weight":
+            continue
+        if name.endswith("inner_mha_cls.Wqkv.weight") and cfg.column_split:
+            if tuple(t.shape) != (3 * D, D):
+                raise ModelError(f"tensor '{name}' has shape {tuple(t.shape)}, expected {(3 * D, D)}")
+            t = t.reshape(H, 3, dh, D).permute(1, 0, 2, 3).reshape(3 * D, D)
+        elif name.endswith("inner_mha_cls.Wqkv.bias") and cfg.column_split:
+            t = t.reshape(H, 3, dh).permute(1, 0, 2).reshape(3 * D)
+        if name.endswith(FP32_KEEP):
+            t = t.float()
+        out[name] = t
+    return out
+
+
+def convert_checkpoint(checkpoint: str | Path, config: str | Path, out_dir: str | Path) -> Path:
+    """An Evo 2 / vortex checkpoint (.pt or .safetensors) + config (.yml/.json) -> model folder."""
+    ckpt = Path(checkpoint)
+    if not ckpt.is_file():
+        raise ModelError(f"checkpoint {ckpt} does not exist")
+    cfg = ModelConfig.load(config)
+    raw = read_safetensors(ckpt) if ckpt.suffix == ".safetensors" else _read_pt(ckpt)
+    tensors = evo2_to_evspark(raw, cfg)
+    model = StripedHyena(cfg)
+    for name, buf in model.named_buffers():  # inv_freq absent from some files: the config's base
+        tensors.setdefault(name, buf.detach().clone())
+    check_and_load(model, tensors, ckpt)
+    return save_model(model, out_dir)
+
+
+def model_card_summary(folder: str | Path) -> str | None:
+    card = Path(folder) / "MODEL_CARD.md"
+    return card.read_text() if card.is_file() else None
+
+
+def dump_config(folder: str | Path) -> dict:
+    return json.loads((Path(folder) / CONFIG).read_text())

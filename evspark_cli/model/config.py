@@ -1,0 +1,202 @@
+"""Model configuration: one dataclass, stored as config.json, Evo 2 field names where they exist."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError
+
+
+@dataclass
+class ModelConfig:
+    """StripedHyena 2 hyper-parameters.
+
+    Field names follow Evo 2's YAML configs (``evo2/configs/*.yml``) so a vortex config can be read
+    directly; fields Evo 2 does not have (``hidden_layers``, ``prefill_chunk``) are EvSpark's own.
+    """
+
+    model_name: str = "stripedhyena2"
+    vocab_size: int = 512
+    hidden_size: int = 128
+    num_layers: int = 8
+    num_attention_heads: int = 4
+    hcs_layer_idxs: list[int] = field(default_factory=lambda: [0, 4])
+    hcm_layer_idxs: list[int] = field(default_factory=lambda: [1, 5])
+    hcl_layer_idxs: list[int] = field(default_factory=lambda: [2, 6])
+    attn_layer_idxs: list[int] = field(default_factory=lambda: [3, 7])
+    hcs_filter_length: int = 7
+    hcs_filter_groups: int = 16
+    hcm_filter_length: int = 128
+    hcm_filter_groups: int = 16
+    state_size: int = 16
+    short_filter_length: int = 3
+    inner_mlp_size: int | None = None
+    inner_size_multiple_of: int = 16
+    eps: float = 1e-6
+    rotary_emb_base: float = 10000.0
+    rotary_emb_scaling_factor: float = 1.0
+    use_interpolated_rotary_pos_emb: bool = False
+    max_seqlen: int = 8192
+    evo2_style_activations: bool = True
+    tie_embeddings: bool = True
+    final_norm: bool = True
+    mha_out_proj_bias: bool = True
+    hyena_out_proj_bias: bool = True
+    qkv_proj_bias: bool = False
+    short_filter_bias: bool = False
+    interleave: bool = True
+    column_split: bool = True
+    # EvSpark additions
+    hidden_layers: list[int] | None = None  # residual-stream outputs exposed to drafters
+    prefill_chunk: int = 8192  # tokens per chunk of a long prefill (bounds memory)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def mlp_size(self) -> int:
+        if self.inner_mlp_size:
+            return int(self.inner_mlp_size)
+        m = self.inner_size_multiple_of
+        return int(math.ceil(int(2 * self.hidden_size * 4 / 3) / m) * m)
+
+    @property
+    def rope_scale(self) -> float:
+        return float(self.rotary_emb_scaling_factor) if self.use_interpolated_rotary_pos_emb else 1.0
+
+    def block_type(self, i: int) -> str:
+        for name, idxs in (("attn", self.attn_layer_idxs), ("hcl", self.hcl_layer_idxs),
+                           ("hcm", self.hcm_layer_idxs), ("hcs", self.hcs_layer_idxs)):
+            if i in idxs:
+                return name
+        raise ModelError(f"config: layer {i} is in none of attn/hcl/hcm/hcs_layer_idxs")
+
+    @property
+    def layer_pattern(self) -> list[str]:
+        return [self.block_type(i) for i in range(self.num_layers)]
+
+    @property
+    def drafter_layers(self) -> list[int]:
+        """Layers whose outputs `extend` returns; default: 4 spread over depth, last included."""
+        if self.hidden_layers is not None:
+            return list(self.hidden_layers)
+        n = self.num_layers
+        picks = sorted({max(0, round(n * f) - 1) for f in (0.25, 0.5, 0.75, 1.0)})
+        return picks
+
+    def validate(self) -> None:
+        d = self.hidden_size
+        if d % self.num_attention_heads or self.head_dim % 2:
+            raise ModelError("config: hidden_size must split into attention heads of even size")
+        for g, name in ((self.hcs_filter_groups, "hcs"), (self.hcm_filter_groups, "hcm")):
+            if g <= 0 or d % g:
+                raise ModelError(f"config: {name}_filter_groups={g} does not divide hidden_size={d}")
+        seen = (self.hcs_layer_idxs + self.hcm_layer_idxs + self.hcl_layer_idxs + self.attn_layer_idxs)
+        if sorted(seen) != list(range(self.num_layers)):
+            raise ModelError("config: the layer index lists must cover 0..num_layers-1 exactly once")
+        for i in self.drafter_layers:
+            if not 0 <= i < self.num_layers:
+                raise ModelError(f"config: hidden_layers entry {i} out of range")
+
+    # ------------------------------------------------------------------ io
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        """Build from an EvSpark or Evo 2 config dict; unknown Evo 2 fields are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        if "num_layers" not in kw:
+            raise ModelError("config: missing num_layers")
+        cfg = cls(**kw)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelConfig":
+        """Read config.json, or an Evo 2 YAML (flat key: value file) by extension."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise ModelError(f"cannot read config {p}: {e.strerror or e}") from None
+        try:
+            if p.suffix in (".yml", ".yaml"):
+                data = parse_flat_yaml(text)
+            else:
+                data = json.loads(text)
+        except (ValueError, json.JSONDecodeError) as e:
+            raise ModelError(f"config {p} is not valid {'YAML' if p.suffix in ('.yml', '.yaml') else 'JSON'}: {e}") from None
+        if not isinstance(data, dict):
+            raise ModelError(f"config {p} is not a mapping")
+        return cls.from_dict(data)
+
+
+def _scalar(text: str) -> Any:
+    t = text.strip()
+    if t == "":
+        return None
+    if t[0] in "\"'" and t[-1] == t[0]:
+        return t[1:-1]
+    low = t.lower()
+    if low in ("true", "yes"):
+        return True
+    if low in ("false", "no"):
+        return False
+    if low in ("null", "none", "~"):
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        pass
+    try:
+        return float(t)
+    except ValueError:
+        return t
+
+
+def parse_flat_yaml(text: str) -> dict[str, Any]:
+    """Read the flat ``key: value`` YAML of Evo 2 configs (scalars and ``[a, b]`` lists).
+
+    PyYAML is used when installed; this fallback keeps the dependency list short.
+    """
+    try:
+        import yaml  # type: ignore
+
+        return yaml.safe_load(text)
+    except ImportError:
+        pass
+    out: dict[str, Any] = {}
+    key_for_list: str | None = None
+    for raw in text.splitlines():
+        line = raw.split(" #")[0].rstrip() if not raw.lstrip().startswith("#") else ""
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("- ") and key_for_list is not None:
+            out[key_for_list].append(_scalar(line.lstrip()[2:]))
+            continue
+        if ":" not in line:
+            raise ValueError(f"cannot parse line: {raw!r}")
+        k, v = line.split(":", 1)
+        k, v = k.strip(), v.strip()
+        if v.startswith("[") and v.endswith("]"):
+            inner = v[1:-1].strip()
+            out[k] = [_scalar(x) for x in inner.split(",")] if inner else []
+            key_for_list = None
+        elif v == "":
+            out[k] = []
+            key_for_list = k
+        else:
+            out[k] = _scalar(v)
+            key_for_list = None
+    return out

@@ -1,0 +1,192 @@
+"""Hyena operators of StripedHyena 2: Hyena-SE (short FIR), -MR (medium FIR) and -LI (modal IIR).
+
+Every operator is ``out_proj(q * filter(k * v))`` on featurized input projections (design note
+§3.2). One code path serves the stateless forward, prefill and block verification: a block of k
+inputs is convolved over ``[state ; inputs]``; without a state the history is zeros.
+Filters run in fp32 whatever the weight dtype (Evo 2's precision policy).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .layers import ResidualBlock
+from .state import FIRPending, FIRWindow, HyenaPending, HyenaState, ModalPending, ModalState
+
+SHORT_BLOCK = 64  # LI blocks up to this length compute per-position states with a k x k product
+
+
+def depthwise_causal_conv(widened: Tensor, weight: Tensor) -> Tensor:
+    """Valid depthwise cross-correlation: (B, C, K-1+k) with (C, K) taps -> (B, C, k), fp32.
+
+    Short blocks (decode, verification) use a direct product over the unfolded window; long ones
+    (prefill, training) an FFT, whose cost does not grow with the filter length.
+    """
+    C, K = weight.shape
+    n = widened.shape[-1]
+    k = n - K + 1
+    if k * K <= 4096 or K <= 8:
+        if K <= 8 or k <= 4:
+            win = widened.unfold(-1, K, 1)  # (B, C, k, K)
+            return torch.einsum("bckj,cj->bck", win, weight)
+        return F.conv1d(widened, weight[:, None, :], groups=C)
+    size = 1 << (n + K - 1).bit_length()
+    spec = torch.fft.rfft(widened, n=size) * torch.fft.rfft(weight.flip(-1), n=size)
+    return torch.fft.irfft(spec, n=size)[..., K - 1: n]
+
+
+def fir_extend(x: Tensor, window: FIRWindow | None, weight: Tensor) -> tuple[Tensor, FIRPending | None]:
+    """Causal FIR over a block x (B, C, k) continuing `window` (zeros when None)."""
+    K = weight.shape[-1]
+    if window is None:
+        widened = F.pad(x, (K - 1, 0))
+        pending = None
+    else:
+        widened = window.widen(x)
+        pending = FIRPending(widened, K - 1)
+    return depthwise_causal_conv(widened, weight), pending
+
+
+class HyenaFilter(nn.Module):
+    """Parameters of one Hyena operator, named as in Evo 2 checkpoints (``blocks.i.filter.*``)."""
+
+    def __init__(self, cfg: ModelConfig, kind: str) -> None:
+        super().__init__()
+        D = cfg.hidden_size
+        self.kind = kind
+        self.short_filter_weight = nn.Parameter(torch.zeros(3 * D, 1, cfg.short_filter_length))
+        if kind == "hcs":
+            self.groups = cfg.hcs_filter_groups
+            self.h = nn.Parameter(torch.zeros(self.groups, 1, cfg.hcs_filter_length))
+        elif kind == "hcm":
+            self.groups = cfg.hcm_filter_groups
+            self.h = nn.Parameter(torch.zeros(self.groups, 1, cfg.hcm_filter_length))
+            self.D = nn.Parameter(torch.zeros(D))
+        elif kind == "hcl":
+            self.log_poles = nn.Parameter(torch.zeros(D, cfg.state_size, 1))
+            self.residues = nn.Parameter(torch.zeros(D, cfg.state_size))
+            self.D = nn.Parameter(torch.zeros(D))
+        else:
+            raise ValueError(kind)
+        self.hidden = D
+        self._toeplitz: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    # ------------------------------------------------------------------ filters in fp32
+    def fir_taps(self) -> Tensor:
+        """(D, K) cross-correlation taps (SE as stored; MR flipped, it is a convolution kernel)."""
+        h = self.h[:, 0, :].float().repeat_interleave(self.hidden // self.groups, dim=0)
+        return h if self.kind == "hcs" else h.flip(-1)
+
+    def poles(self) -> tuple[Tensor, Tensor]:
+        return self.log_poles[..., 0].float(), self.residues.float()
+
+    def li_impulse(self, n: int) -> Tensor:
+        """h[d, t] = sum_s R[d, s] exp(lambda[d, s] t) for t < n, built in chunks (no D x S x L)."""
+        lam, R = self.poles()
+        out = []
+        for s in range(0, n, 4096):
+            t = torch.arange(s, min(n, s + 4096), device=lam.device, dtype=torch.float32)
+            out.append(torch.einsum("ds,dst->dt", R, torch.exp(lam[..., None] * t)))
+        return torch.cat(out, dim=-1)
+
+    def li_toeplitz(self, k: int) -> tuple[Tensor, Tensor]:
+        """(p^1..p^k as (D, S, k), lower-triangular p^(j-i) as (D, S, k, k)), cached in inference."""
+        lam, _ = self.poles()
+        key = (k, lam.device, self.log_poles._version, self.log_poles.data_ptr())
+        hit = self._toeplitz.get(key)
+        if hit is not None and not torch.is_grad_enabled():
+            return hit
+        j = torch.arange(k, device=lam.device, dtype=torch.float32)
+        diff = j[:, None] - j[None, :]
+        tri = torch.where(diff >= 0, torch.exp(lam[..., None, None] * diff.clamp(min=0)),
+                          torch.zeros((), device=lam.device))
+        powers = torch.exp(lam[..., None] * (j + 1))
+        if not torch.is_grad_enabled():
+            if len(self._toeplitz) > 64:
+                self._toeplitz.clear()
+            self._toeplitz[key] = (powers, tri)
+        return powers, tri
+
+    # ------------------------------------------------------------------ inner filter over a block
+    def inner(self, w: Tensor, st: FIRWindow | ModalState | None):
+        """c = filter(w) for a block w (B, D, k) fp32 continuing state `st`; returns (c, pending)."""
+        if self.kind in ("hcs", "hcm"):
+            c, pending = fir_extend(w, st, self.fir_taps())  # type: ignore[arg-type]
+            if self.kind == "hcm":
+                c = c + self.D.float()[:, None] * w
+            return c, pending
+        return self._li(w, st)  # type: ignore[arg-type]
+
+    def _li(self, w: Tensor, st: ModalState | None):
+        lam, R = self.poles()
+        k = w.shape[-1]
+        Dskip = self.D.float()[:, None] * w
+        if k <= SHORT_BLOCK:
+            powers, tri = self.li_toeplitz(k)
+            sigmas = torch.einsum("dsji,bdi->bdsj", tri, w)
+            if st is not None:
+                sigmas = sigmas + powers * st.sigma[..., None]
+            c = torch.einsum("bdsj,ds->bdj", sigmas, R) + Dskip
+            pending = ModalPending(sigmas, None, None, None) if st is not None else None
+            return c, pending
+        # long block: FFT convolution with the impulse response, plus the decayed initial state
+        h = self.li_impulse(k)
+        size = 1 << (2 * k - 1).bit_length()
+        c = torch.fft.irfft(torch.fft.rfft(w, n=size) * torch.fft.rfft(h, n=size), n=size)[..., :k]
+        c = c + Dskip
+        pending = None
+        if st is not None:
+            c = c + self._decayed_state_output(st.sigma, lam, R, k)
+            pending = ModalPending(None, st.sigma, w, lam)
+        return c, pending
+
+    @staticmethod
+    def _decayed_state_output(sigma0: Tensor, lam: Tensor, R: Tensor, k: int) -> Tensor:
+        """sum_s R_s p_s^j sigma0_s for j = 1..k, in chunks."""
+        out = []
+        for s in range(0, k, 4096):
+            t = torch.arange(s + 1, min(k, s + 4096) + 1, device=lam.device, dtype=torch.float32)
+            out.append(torch.einsum("bds,ds,dst->bdt", sigma0, R, torch.exp(lam[..., None] * t)))
+        return torch.cat(out, dim=-1)
+
+    def empty_inner(self, batch: int, device) -> FIRWindow | ModalState:
+        if self.kind == "hcl":
+            return ModalState(torch.zeros(batch, self.hidden, self.log_poles.shape[1], device=device))
+        return FIRWindow(torch.zeros(batch, self.hidden, self.h.shape[-1] - 1, device=device))
+
+
+class HyenaBlock(ResidualBlock):
+    """A Hyena block; its mixer is projections -> featurizer -> q * filter(k * v) -> out proj."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__(cfg, layer)
+        D = cfg.hidden_size
+        kind = self.kind = cfg.block_type(layer)
+        self.projections = nn.Linear(D, 3 * D, bias=False)
+        self.filter = HyenaFilter(cfg, kind)
+        self.out_filter_dense = nn.Linear(D, D, bias=cfg.hyena_out_proj_bias)
+
+    def mix(self, u: Tensor, st: HyenaState | None, t0: int) -> tuple[Tensor, HyenaPending | None]:
+        act = u.dtype
+        p = self.projections(u).transpose(1, 2).float()  # (B, 3D, k)
+        feat_w = self.filter.short_filter_weight[:, 0, :].float()
+        z, feat_pending = fir_extend(p, st.feat if st is not None else None, feat_w)
+        z = z.to(act)
+        q, k, v = z[:, 0::3], z[:, 1::3], z[:, 2::3]  # de-interleave: post-gate, pre-gate, value
+        w = (k * v).float()
+        c, inner_pending = self.filter.inner(w, st.inner if st is not None else None)
+        if self.filter.kind == "hcl":
+            y = (q.float() * c).to(act)
+        else:
+            y = q * c.to(act)
+        out = self.out_filter_dense(y.transpose(1, 2))
+        pending = HyenaPending(feat_pending, inner_pending) if st is not None else None
+        return out, pending
+
+    def empty_state(self, batch: int, capacity: int, dtype, device) -> HyenaState:
+        D3 = self.projections.out_features
+        K = self.filter.short_filter_weight.shape[-1]
+        return HyenaState(FIRWindow(torch.zeros(batch, D3, K - 1, device=device)),
+                          self.filter.empty_inner(batch, device))

@@ -1,0 +1,57 @@
+"""Shared pieces of every block: RMSNorm, gated MLP, and the pre-norm residual wrapper."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """g * x / (||x||_2 / sqrt(D) + eps): eps outside the square root, as Evo 2."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True) * x.shape[-1] ** -0.5
+        return self.scale * (x / (rms + self.eps))
+
+
+class GatedMLP(nn.Module):
+    """l3(act(l1 x) * l2 x); act is GELU, or identity past layer 0 with Evo 2's activation quirk."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        D, Fdim = cfg.hidden_size, cfg.mlp_size
+        self.l1 = nn.Linear(D, Fdim, bias=False)
+        self.l2 = nn.Linear(D, Fdim, bias=False)
+        self.l3 = nn.Linear(Fdim, D, bias=False)
+        self.gelu = layer == 0 or not cfg.evo2_style_activations
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = self.l1(x)
+        return self.l3((F.gelu(a) if self.gelu else a) * self.l2(x))
+
+
+class ResidualBlock(nn.Module):
+    """Pre-norm residual block: u + mix(norm(u)), then + MLP(norm(.)). Subclasses define `mix`."""
+
+    kind: str
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.pre_norm = RMSNorm(cfg.hidden_size, cfg.eps)
+        self.post_norm = RMSNorm(cfg.hidden_size, cfg.eps)
+        self.mlp = GatedMLP(cfg, layer)
+
+    def mix(self, h: Tensor, st, t0: int):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, st, t0: int):
+        y, pending = self.mix(self.pre_norm(x), st, t0)
+        x = x + y
+        return x + self.mlp(self.post_norm(x)), pending

@@ -1,0 +1,126 @@
+"""StripedHyena 2 (Evo 2's architecture) with three entry points and one semantics.
+
+- ``forward(ids)``: stateless, whole sequences (training, scoring).
+- ``prefill(ids)``: the same pass leaving an :class:`InferenceState` (chunked for long prompts).
+- ``extend(state, ids)``: feed k tokens to a live state; returns a :class:`Block` whose
+  ``commit(j)`` is the state after the first j tokens. A decode step is ``extend`` with k = 1.
+
+All three run the same block code (`_run`); the only difference is whether a state is threaded
+through. Parameter names follow Evo 2 / vortex checkpoints (``blocks.{i}.filter.h`` ...).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import AttentionBlock
+from .config import ModelConfig
+from .hyena import HyenaBlock
+from .layers import ResidualBlock, RMSNorm
+from .state import Block, InferenceState, KVState
+
+
+class StripedHyena(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        cfg.validate()
+        self.config = cfg
+        self.embedding_layer = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.blocks = nn.ModuleList(make_block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.eps)
+        self.hidden_layers: list[int] = cfg.drafter_layers
+
+    # ------------------------------------------------------------------ core
+    @property
+    def device(self) -> torch.device:
+        return self.embedding_layer.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embedding_layer.weight.dtype
+
+    def _run(self, ids: Tensor, state: InferenceState | None, hidden: bool
+             ) -> tuple[Tensor, Tensor | None, Block | None]:
+        x = self.embedding_layer(ids)
+        t0 = state.seqlen if state is not None else 0
+        keep: list[Tensor] = []
+        pendings = []
+        for i, blk in enumerate(self.blocks):
+            x, pending = blk(x, state.layers[i] if state is not None else None, t0)
+            pendings.append(pending)
+            if hidden and i in self.hidden_layers:
+                keep.append(x)
+        x = self.norm(x) if self.config.final_norm else x
+        logits = F.linear(x, self.embedding_layer.weight)
+        hid = torch.stack(keep, dim=2) if hidden else None  # (B, k, n_layers, D)
+        block = Block(tuple(pendings), t0, ids.shape[1]) if state is not None else None
+        return logits, hid, block
+
+    def forward(self, ids: Tensor, return_hidden: bool = False):
+        """Stateless logits (B, L, V) for whole sequences; optionally the drafter's hidden states."""
+        logits, hid, _ = self._run(ids, None, return_hidden)
+        return (logits, hid) if return_hidden else logits
+
+    def empty_state(self, batch: int = 1, capacity: int = 1024) -> InferenceState:
+        """The state before any token: zero FIR windows, zero modal states, empty KV caches."""
+        layers = []
+        for blk in self.blocks:
+            layers.append(blk.empty_state(batch, capacity, self.dtype, self.device))
+        return InferenceState(tuple(layers), 0)
+
+    def extend(self, state: InferenceState, ids: Tensor) -> tuple[Tensor, Tensor, Block]:
+        """Feed ids (B, k) to `state`: logits (B, k, V), hidden (B, k, n, D) and the block."""
+        if ids.dim() == 1:
+            ids = ids[None]
+        logits, hid, block = self._run(ids, state, True)
+        assert hid is not None and block is not None
+        return logits, hid, block
+
+    def prefill(self, ids: Tensor, keep_last: int | None = None, reserve: int = 2048,
+                chunk: int | None = None) -> tuple[Tensor, Tensor, InferenceState]:
+        """Run a prompt (B, L) and return (logits, hidden, state).
+
+        Long prompts go in chunks of `config.prefill_chunk` tokens so memory stays bounded
+        (FFT filters per chunk, modal states carried between chunks). `keep_last` keeps only the
+        last positions' logits and hidden states; `reserve` preallocates KV rows for decoding.
+        """
+        if ids.dim() == 1:
+            ids = ids[None]
+        B, L = ids.shape
+        if L == 0:
+            raise ValueError("prefill needs at least one token")
+        chunk = chunk or self.config.prefill_chunk
+        state = self.empty_state(B, capacity=L + reserve)
+        logit_parts: list[Tensor] = []
+        hid_parts: list[Tensor] = []
+        for s in range(0, L, chunk):
+            piece = ids[:, s: s + chunk]
+            logits, hid, block = self.extend(state, piece)
+            state = block.commit(piece.shape[1])
+            if keep_last is not None:
+                logits, hid = logits[:, -keep_last:], hid[:, -keep_last:]
+            logit_parts.append(logits)
+            hid_parts.append(hid)
+        logits = torch.cat(logit_parts, dim=1)
+        hid = torch.cat(hid_parts, dim=1)
+        if keep_last is not None:
+            logits, hid = logits[:, -keep_last:], hid[:, -keep_last:]
+        return logits, hid, state
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def layer_kinds(self) -> Sequence[str]:
+        return [b.kind for b in self.blocks]
+
+
+def make_block(cfg: ModelConfig, layer: int) -> ResidualBlock:
+    return AttentionBlock(cfg, layer) if cfg.block_type(layer) == "attn" else HyenaBlock(cfg, layer)
+
+
+def kv_capacity(state: InferenceState) -> int:
+    caps = [s.cache.capacity for s in state.layers if isinstance(s, KVState)]
+    return min(caps) if caps else 0

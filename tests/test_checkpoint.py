@@ -1,0 +1,348 @@
+"""Model folders and Evo 2 checkpoint conversion: round trips, formats, and refusals.
+
+Every refusal must be a ModelError (exit code 3) with a one-line message naming the tensor or
+the problem; nothing in a checkpoint may execute code.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from evspark_cli.errors import ModelError
+from evspark_cli.model.checkpoint import (
+    CONFIG,
+    FP32_KEEP,
+    WEIGHTS,
+    convert_checkpoint,
+    load_model,
+    save_model,
+)
+from evspark_cli.model.config import ModelConfig
+
+torch.set_num_threads(1)
+
+
+def tiny_cfg(**kw) -> ModelConfig:
+    base = dict(hidden_size=32, num_layers=4, num_attention_heads=2, hcs_layer_idxs=[0],
+                hcm_layer_idxs=[1], hcl_layer_idxs=[2], attn_layer_idxs=[3], hcs_filter_groups=4,
+                hcm_filter_groups=4, state_size=8, inner_mlp_size=48,
+                use_interpolated_rotary_pos_emb=True, rotary_emb_scaling_factor=4.0)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+IDS = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(0))
+
+
+@torch.no_grad()
+def logits_of(model) -> torch.Tensor:
+    return model(IDS).float()
+
+
+def refused(fn, *needles: str) -> str:
+    """fn() raises ModelError whose single-line message contains every needle."""
+    with pytest.raises(ModelError) as ei:
+        fn()
+    msg = str(ei.value)
+    assert "\n" not in msg, msg
+    assert ei.value.exit_code == 3
+    for n in needles:
+        assert n in msg, f"{n!r} not in {msg!r}"
+    return msg
+
+
+# ------------------------------------------------------------------------------ model folders
+
+
+def test_save_load_round_trip(tmp_path, make_model):
+    model = make_model(tiny_cfg(hidden_layers=[1, 3]), seed=1)
+    out = save_model(model, tmp_path / "m")
+    assert (out / WEIGHTS).is_file() and (out / CONFIG).is_file()
+    assert not list(out.glob("*.tmp"))
+    loaded = load_model(out, "cpu", torch.float32)
+    assert loaded.config == model.config
+    assert torch.equal(logits_of(loaded), logits_of(model))
+    for (n1, t1), (n2, t2) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert n1 == n2 and torch.equal(t1, t2), n1
+    # saving again over the same folder is fine (atomic replace)
+    save_model(loaded, out)
+    assert torch.equal(logits_of(load_model(out, "cpu", "float32")), logits_of(model))
+
+
+def test_bf16_storage_loads_into_fp32(tmp_path, make_model):
+    model = make_model(tiny_cfg(), seed=2)
+    out = save_model(model, tmp_path / "bf16", dtype=torch.bfloat16)
+    stored = load_file(str(out / WEIGHTS))
+    for name, t in stored.items():
+        want = torch.float32 if name.endswith(FP32_KEEP) else torch.bfloat16
+        assert t.dtype == want, name
+    loaded = load_model(out, "cpu", torch.float32)
+    assert loaded.dtype == torch.float32
+    # the same model with its weights rounded to bf16 (poles, residues, inv_freq kept in fp32)
+    rounded = make_model(tiny_cfg(), seed=2)
+    with torch.no_grad():
+        for name, p in list(rounded.named_parameters()) + list(rounded.named_buffers()):
+            if not name.endswith(FP32_KEEP):
+                p.copy_(p.to(torch.bfloat16).float())
+    got, want, orig = logits_of(loaded), logits_of(rounded), logits_of(model)
+    assert (got - want).abs().max() <= 1e-5
+    assert (got - orig).abs().max() > 1e-4  # the rounding really happened
+    # and the bf16 model itself runs (bf16 activations, fp32 filters and states)
+    lowp = load_model(out, "cpu", "bf16")
+    assert lowp.dtype == torch.bfloat16
+    for name, p in lowp.named_parameters():
+        assert p.dtype == (torch.float32 if name.endswith(FP32_KEEP) else torch.bfloat16), name
+    with torch.no_grad():
+        lg = lowp(IDS[:1]).float()
+        pl, _, st = lowp.prefill(IDS[:1, :30])
+        nxt, _, blk = lowp.extend(st, IDS[:1, 30:34])
+        blk.commit(2)
+    assert torch.isfinite(lg).all() and torch.isfinite(nxt).all()
+    assert (pl.float() - lg[:, :30]).abs().max() < 0.5
+    assert (lg - orig[:1]).abs().max() < 0.1 * orig.abs().max()
+
+
+def test_load_model_refusals(tmp_path, make_model):
+    model = make_model(tiny_cfg(), seed=3)
+    good = save_model(model, tmp_path / "good")
+    tensors = load_file(str(good / WEIGHTS))
+    cfg_text = (good / CONFIG).read_text()
+
+    def folder(name: str, weights: dict | bytes | None, config: str | None = cfg_text) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        if config is not None:
+            (d / CONFIG).write_text(config)
+        if isinstance(weights, dict):
+            save_file(weights, str(d / WEIGHTS))
+        elif isinstance(weights, bytes):
+            (d / WEIGHTS).write_bytes(weights)
+        return d
+
+    refused(lambda: load_model(tmp_path / "nowhere"), "does not exist")
+    refused(lambda: load_model(folder("noweights", None)), WEIGHTS)
+    refused(lambda: load_model(folder("noconfig", tensors, None)), CONFIG)
+    refused(lambda: load_model(folder("badjson", tensors, "{not json")), "config")
+    missing = {k: v for k, v in tensors.items() if k != "blocks.2.filter.residues"}
+    refused(lambda: load_model(folder("missing", missing)), "missing", "blocks.2.filter.residues")
+    bad = dict(tensors, **{"blocks.1.filter.h": torch.zeros(4, 1, 64)})
+    refused(lambda: load_model(folder("shape", bad)), "blocks.1.filter.h", "shape")
+    nan = dict(tensors)
+    nan["blocks.3.mlp.l2.weight"] = nan["blocks.3.mlp.l2.weight"].clone()
+    nan["blocks.3.mlp.l2.weight"][3, 5] = float("nan")
+    refused(lambda: load_model(folder("nan", nan)), "blocks.3.mlp.l2.weight", "NaN")
+    inf = dict(tensors, **{"norm.scale": torch.full((32,), float("inf"))})
+    refused(lambda: load_model(folder("inf", inf)), "norm.scale")
+    extra = dict(tensors, **{"blocks.9.mlp.l1.weight": torch.zeros(2, 2)})
+    refused(lambda: load_model(folder("extra", extra)), "blocks.9.mlp.l1.weight")
+    raw = (good / WEIGHTS).read_bytes()
+    refused(lambda: load_model(folder("random", os.urandom(4096))), "corrupt")
+    refused(lambda: load_model(folder("trunc", raw[: len(raw) // 2])), "corrupt")
+    refused(lambda: load_model(folder("empty", b"")), "corrupt")
+    # a config that disagrees with the weights
+    wrong = json.loads(cfg_text)
+    wrong["state_size"] = 4
+    refused(lambda: load_model(folder("cfg", tensors, json.dumps(wrong))),
+            "blocks.2.filter.log_poles", "shape")
+    assert torch.equal(logits_of(load_model(good)), logits_of(model))
+
+
+# ------------------------------------------------------------------------------ conversion
+
+
+@pytest.fixture(scope="module")
+def oracle_raw(oracle_dir):
+    return load_file(str(oracle_dir / "tiny_vtx.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def oracle_ref(oracle_dir):
+    return load_file(str(oracle_dir / "tiny_vtx_reference_tensors.safetensors"))
+
+
+def oracle_logits(folder: Path, ref) -> torch.Tensor:
+    model = load_model(folder, "cpu", torch.float32)
+    with torch.no_grad():
+        return model(ref["prompt_ids"][None])[0]
+
+
+def write_flat_yaml(config: dict, path: Path) -> Path:
+    """An Evo 2 style YAML (flat key: value, inline and block lists, comments, Python booleans)."""
+    lines = ["# Evo 2 style config written by the test", ""]
+    for i, (k, v) in enumerate(config.items()):
+        if isinstance(v, bool):
+            lines.append(f"{k}: {'True' if v else 'False'}")
+        elif isinstance(v, list) and i % 2:
+            lines.append(f"{k}:")
+            lines.extend(f"  - {x}" for x in v)
+        elif isinstance(v, list):
+            lines.append(f"{k}: [{', '.join(str(x) for x in v)}]")
+        elif isinstance(v, str):
+            lines.append(f"{k}: {v}  # a comment")
+        else:
+            lines.append(f"{k}: {v}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_convert_pt_and_safetensors_agree(tmp_path, oracle_dir, oracle_raw, oracle_ref):
+    cfg_json = oracle_dir / "tiny_vtx_config.json"
+    a = convert_checkpoint(oracle_dir / "tiny_vtx.safetensors", cfg_json, tmp_path / "from_st")
+    # the distributed Evo 2 form: a torch.save'd dict with TE _extra_state (BytesIO) entries and
+    # the savanna converter's redundant unembed.weight
+    d: dict = dict(oracle_raw)
+    d["blocks.0.projections._extra_state"] = io.BytesIO(b"fp8 recipe metadata")
+    extra = io.BytesIO()
+    torch.save(None, extra)  # what Transformer Engine stores when FP8 is off
+    d["blocks.4.projections._extra_state"] = extra
+    d["unembed.weight"] = oracle_raw["embedding_layer.weight"] + 1.0  # must be ignored (tied)
+    torch.save(d, tmp_path / "evo2.pt")
+    yml = write_flat_yaml(json.loads(cfg_json.read_text()), tmp_path / "evo2-tiny.yml")
+    b = convert_checkpoint(tmp_path / "evo2.pt", yml, tmp_path / "from_pt")
+    ta, tb = load_file(str(a / WEIGHTS)), load_file(str(b / WEIGHTS))
+    assert ta.keys() == tb.keys()
+    for k in ta:
+        assert torch.equal(ta[k], tb[k]), k
+    assert not any("_extra_state" in k or k == "unembed.weight" for k in tb)
+    assert ModelConfig.load(a / CONFIG) == ModelConfig.load(b / CONFIG)
+    assert ModelConfig.load(yml) == ModelConfig.load(cfg_json)
+    la = oracle_logits(a, oracle_ref)
+    assert (la - oracle_ref["prompt_logits"]).abs().max() <= 1e-4
+    assert torch.equal(la, oracle_logits(b, oracle_ref))
+    # Wqkv is permuted from the head-interleaved file layout to [q; k; v]
+    H, dh, D = 4, 32, 128
+    w_file = oracle_raw["blocks.3.inner_mha_cls.Wqkv.weight"]
+    w_ours = ta["blocks.3.inner_mha_cls.Wqkv.weight"]
+    assert torch.equal(w_ours[D + 2 * dh: D + 3 * dh], w_file[2 * 3 * dh + dh: 2 * 3 * dh + 2 * dh])
+    # a checkpoint nested under "model" (some trainers) converts the same
+    torch.save({"model": dict(oracle_raw), "step": 5}, tmp_path / "nested.pt")
+    c = convert_checkpoint(tmp_path / "nested.pt", cfg_json, tmp_path / "from_nested")
+    assert torch.equal(oracle_logits(c, oracle_ref), la)
+
+
+def test_convert_without_inv_freq_uses_config_base(tmp_path, oracle_dir, oracle_raw, oracle_ref):
+    raw = {k: v for k, v in oracle_raw.items() if not k.endswith("rotary_emb.inv_freq")}
+    save_file(raw, str(tmp_path / "noinv.safetensors"))
+    out = convert_checkpoint(tmp_path / "noinv.safetensors", oracle_dir / "tiny_vtx_config.json",
+                             tmp_path / "out")
+    got = oracle_logits(out, oracle_ref)
+    assert (got - oracle_ref["prompt_logits"]).abs().max() <= 1e-4
+
+
+def test_conversion_refusals(tmp_path, oracle_dir, oracle_raw):
+    cfg = oracle_dir / "tiny_vtx_config.json"
+    n = [0]
+
+    def convert(weights: dict | bytes, suffix: str = ".safetensors", config: Path = cfg):
+        n[0] += 1
+        path = tmp_path / f"ckpt{n[0]}{suffix}"
+        if isinstance(weights, bytes):
+            path.write_bytes(weights)
+        elif suffix == ".pt":
+            torch.save(weights, path)
+        else:
+            save_file(weights, str(path))
+        return lambda: convert_checkpoint(path, config, tmp_path / f"out{n[0]}")
+
+    refused(lambda: convert_checkpoint(tmp_path / "absent.pt", cfg, tmp_path / "o"), "does not exist")
+    # missing tensor, in both formats
+    miss = {k: v for k, v in oracle_raw.items() if k != "blocks.5.filter.D"}
+    refused(convert(miss), "missing", "blocks.5.filter.D")
+    refused(convert(miss, ".pt"), "missing", "blocks.5.filter.D")
+    # mis-shaped tensors (a plain one and the permuted Wqkv)
+    bad = dict(oracle_raw, **{"blocks.4.filter.h": torch.zeros(16, 1, 5)})
+    refused(convert(bad), "blocks.4.filter.h", "shape")
+    badq = dict(oracle_raw, **{"blocks.7.inner_mha_cls.Wqkv.weight": torch.zeros(384, 64)})
+    refused(convert(badq), "blocks.7.inner_mha_cls.Wqkv.weight", "shape")
+    # NaN weight
+    nan = dict(oracle_raw)
+    nan["blocks.6.filter.log_poles"] = nan["blocks.6.filter.log_poles"].clone()
+    nan["blocks.6.filter.log_poles"][7, 3, 0] = float("nan")
+    refused(convert(nan), "blocks.6.filter.log_poles", "NaN")
+    refused(convert(nan, ".pt"), "blocks.6.filter.log_poles", "NaN")
+    # corrupt files
+    raw = (oracle_dir / "tiny_vtx.safetensors").read_bytes()
+    refused(convert(os.urandom(8192)), "corrupt")
+    refused(convert(os.urandom(8192), ".pt"), "refusing")
+    refused(convert(raw[: len(raw) // 3]), "corrupt")
+    refused(convert(raw[:5]), "corrupt")
+    hlen = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8: 8 + hlen])
+
+    def with_header(h: dict) -> bytes:
+        hb = json.dumps(h).encode()
+        hb += b" " * (-len(hb) % 8)
+        return struct.pack("<Q", len(hb)) + hb + raw[8 + hlen:]
+
+    k = "blocks.0.mlp.l1.weight"
+    lie_shape = dict(header, **{k: dict(header[k], shape=[160, 256])})
+    refused(convert(with_header(lie_shape)), "corrupt")
+    off = header[k]["data_offsets"]
+    lie_off = dict(header, **{k: dict(header[k], data_offsets=[off[0], off[1] + 10 ** 9])})
+    refused(convert(with_header(lie_off)), "corrupt")
+    refused(convert(struct.pack("<Q", 10 ** 12) + raw[8:]), "corrupt")  # header length lies
+    refused(convert(b"\x00" * 8 + raw[8:]), "corrupt")  # empty header
+    # a .pt holding something other than a dict of tensors
+    refused(convert([torch.zeros(3)], ".pt"), "dict")  # type: ignore[arg-type]
+
+
+class _Exploit:
+    target = ""
+
+    def __reduce__(self):
+        return (os.system, (f"echo pwned > {self.target}",))
+
+
+@pytest.mark.parametrize("how", ["torch.save", "pickle", "nested"])
+def test_pt_that_runs_code_is_refused(tmp_path, oracle_dir, oracle_raw, how):
+    marker = tmp_path / "PWNED"
+    _Exploit.target = str(marker)
+    path = tmp_path / "evil.pt"
+    if how == "torch.save":
+        torch.save(_Exploit(), path)
+    elif how == "pickle":
+        with open(path, "wb") as f:
+            pickle.dump(_Exploit(), f)
+    else:  # a plausible checkpoint with one poisoned entry
+        torch.save(dict(oracle_raw, **{"blocks.0.projections._extra_state": _Exploit()}), path)
+    refused(lambda: convert_checkpoint(path, oracle_dir / "tiny_vtx_config.json", tmp_path / "o"),
+            "evil.pt")
+    assert not marker.exists(), "unpickling the checkpoint executed code"
+    assert not (tmp_path / "o" / WEIGHTS).exists()
+
+
+def test_config_disagreeing_with_tensors(tmp_path, oracle_dir):
+    base = json.loads((oracle_dir / "tiny_vtx_config.json").read_text())
+    ckpt = oracle_dir / "tiny_vtx.safetensors"
+
+    def with_cfg(name: str, **changes) -> Path:
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps(dict(base, **changes)))
+        return p
+
+    cases = {
+        "hidden": (dict(hidden_size=64), "shape"),
+        "layers": (dict(num_layers=6, hcs_layer_idxs=[0, 4], hcm_layer_idxs=[1, 5],
+                        hcl_layer_idxs=[2], attn_layer_idxs=[3]), "blocks.6"),
+        "swapped": (dict(hcl_layer_idxs=[3, 6], attn_layer_idxs=[2, 7]), "blocks."),
+        "groups": (dict(hcm_filter_groups=8), "blocks.1.filter.h"),
+        "mr_len": (dict(hcm_filter_length=64), "blocks.1.filter.h"),
+        "modes": (dict(state_size=8), "blocks.2.filter.log_poles"),
+        "mlp": (dict(inner_mlp_size=192), "mlp.l1.weight"),
+        "heads": (dict(num_attention_heads=8), "inv_freq"),
+    }
+    for name, (changes, needle) in cases.items():
+        refused(lambda: convert_checkpoint(ckpt, with_cfg(name, **changes), tmp_path / name), needle)
+        assert not (tmp_path / name / WEIGHTS).exists(), name
+    # an inconsistent config is refused before any tensor is read
+    refused(lambda: convert_checkpoint(ckpt, with_cfg("cover", attn_layer_idxs=[3]), tmp_path / "c"),
+            "config")
+    refused(lambda: convert_checkpoint(ckpt, tmp_path / "nope.yml", tmp_path / "c"), "config")

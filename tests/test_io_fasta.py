@@ -1,0 +1,492 @@
+"""Tests for evspark_cli.io.fasta: every bad input is one InputError line, good inputs agree."""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import itertools
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from Bio import bgzf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from evspark_cli.errors import InputError
+from evspark_cli.io.fasta import IUPAC, Prompt, parse_region, read_prompts
+
+DATA = Path("/work/shared/data")
+PHIX = DATA / "valid" / "phiX174.fa.gz"
+needs_data = pytest.mark.skipif(not PHIX.exists(), reason="shared data not available")
+
+TEXT = ">rec1 first record\nacgtACGTNN\nACGTRY\n\n>rec2\nGGGG CCCC\nTTTT\n>rec3 third\nA\n"
+EXPECTED = {"rec1": "ACGTACGTNNACGTRY", "rec2": "GGGGCCCCTTTT", "rec3": "A"}
+# Fixed-width version (pyfaidx indexes it in place, no fallback).
+WIDE = ">rec1 first\nACGTACGTAC\nGTACGTACGT\nACG\n>rec2\nGGGGCCCCTT\nTT\n>rec3\nA\n"
+WIDE_SEQ = {"rec1": "ACGTACGTACGTACGTACGTACG", "rec2": "GGGGCCCCTTTT", "rec3": "A"}
+
+
+def write_bgzf(path: Path, text: str) -> Path:
+    with bgzf.BgzfWriter(str(path), "wb") as w:
+        w.write(text.encode())
+    return path
+
+
+def seqs(prompts: list[Prompt]) -> dict[str, str]:
+    return {p.id: p.seq for p in prompts}
+
+
+@pytest.fixture
+def idx(tmp_path: Path) -> str:
+    return str(tmp_path / "idx")
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+def _file(content: bytes | str, name: str = "x.fa") -> Callable[[Path], list[str]]:
+    def make(tmp: Path) -> list[str]:
+        p = tmp / name
+        p.write_bytes(content.encode() if isinstance(content, str) else content)
+        return [str(p)]
+    return make
+
+
+def _truncated_gz(tmp: Path) -> list[str]:
+    data = gzip.compress((">a\n" + "ACGT" * 5000 + "\n").encode())
+    p = tmp / "cut.fa.gz"
+    p.write_bytes(data[: len(data) // 2])
+    return [str(p)]
+
+
+def _corrupt_gz(tmp: Path) -> list[str]:
+    data = bytearray(gzip.compress((">a\n" + "ACGTTGCA" * 3000 + "\n").encode()))
+    data[len(data) // 2] ^= 0xFF
+    data[len(data) // 2 + 1] ^= 0x5A
+    p = tmp / "bad.fa.gz"
+    p.write_bytes(bytes(data))
+    return [str(p)]
+
+
+def _truncated_bgzf(tmp: Path) -> list[str]:
+    p = write_bgzf(tmp / "full.fa.gz", ">a\n" + "ACGTTGCA" * 20000 + "\n")
+    data = p.read_bytes()
+    q = tmp / "cut.fa.gz"
+    q.write_bytes(data[: len(data) // 2])
+    return [str(q)]
+
+
+def _two_files_same_id(tmp: Path) -> list[str]:
+    (tmp / "a.fa").write_text(">dup\nACGT\n")
+    (tmp / "b.fa").write_text(">other\nAC\n>dup\nGG\n")
+    return [str(tmp / "a.fa"), str(tmp / "b.fa")]
+
+
+BAD_INPUTS = [
+    ("missing file", lambda t: [str(t / "nope.fa")], {}, "no such file"),
+    ("directory", lambda t: [str(t)], {}, "is a directory"),
+    ("empty file", _file(""), {}, "is empty"),
+    ("blank lines only", _file("\n \n\n"), {}, "no FASTA records"),
+    ("not FASTA", _file("hello world\nACGT\n"), {}, "not FASTA: line 1 should start with '>'"),
+    ("not FASTA after blanks", _file("\n\nACGT\n>a\nAC\n"), {}, "line 3 should start with '>'"),
+    ("header without sequence", _file(">a desc\n>b\nACGT\n"), {}, "record 'a' in"),
+    ("header without sequence at end", _file(">a\nACGT\n>b\n"), {}, "record 'b'"),
+    ("whitespace-only record", _file(">a\n   \n\t\n>b\nAC\n"), {}, "record 'a'"),
+    ("empty header", _file(">\nACGT\n"), {}, "empty header"),
+    ("invalid letter", _file(">chr1 x\nACGTACGTAC\nACGTACZ\n"), {},
+     "record 'chr1' in {0}: invalid character 'Z' at position 17"),
+    ("gap", _file(">g\nAC-GT\n"), {}, "invalid character '-' at position 3"),
+    ("stop", _file(">p\nMKV*\n"), {}, "invalid character"),
+    ("tab-free unicode", _file(">u\nACGÄ\n"), {}, "invalid character 'Ä' at position 4"),
+    ("NUL byte in sequence", _file(b">a\nAC\x00GT\n"), {}, "NUL byte"),
+    ("NUL byte in header", _file(b">a\x00b\nACGT\n"), {}, "NUL byte"),
+    ("binary", _file(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"), {}, "x.fa"),
+    ("non-UTF-8", _file(b">a\nAC\xffGT\n"), {}, "not UTF-8"),
+    ("truncated gzip", _truncated_gz, {}, "truncated or corrupt gzip"),
+    ("corrupt gzip", _corrupt_gz, {}, "gzip"),
+    ("truncated bgzf", _truncated_bgzf, {}, "truncated or corrupt gzip"),
+    ("xz", _file(b"\xfd7zXZ\x00\x00rest"), {}, "xz-compressed"),
+    ("duplicate ids in a file", _file(">a\nAC\n>b\nGG\n>a\nTT\n"), {}, "duplicate record id 'a' (twice in"),
+    ("duplicate ids across files", _two_files_same_id, {}, "duplicate record id 'dup' (in"),
+    ("prompt_tail 0", _file(">a\nACGT\n"), {"prompt_tail": 0}, "--prompt-tail must be an integer >= 1"),
+    ("prompt_tail negative", _file(">a\nACGT\n"), {"prompt_tail": -3}, "--prompt-tail"),
+    ("stdin twice", lambda t: ["-", "-"], {}, "only once"),
+    ("no inputs", lambda t: [], {}, "no input"),
+    # regions
+    ("region on missing record", _file(WIDE), {"regions": ["nope:1-3"]}, "no record 'nope' in"),
+    ("region out of range", _file(WIDE), {"regions": ["rec2:5-13"]}, "past the end of record 'rec2' (12 bp)"),
+    ("region start past end", _file(WIDE), {"regions": ["rec2:13"]}, "past the end"),
+    ("region start > end", _file(WIDE), {"regions": ["rec1:9-3"]}, "start 9 is after end 3"),
+    ("region start 0", _file(WIDE), {"regions": ["rec1:0-3"]}, "start must be >= 1"),
+    ("region malformed", _file(WIDE), {"regions": ["rec1:x-y"]}, "malformed region 'rec1:x-y'"),
+    ("region malformed dashes", _file(WIDE), {"regions": ["rec1:1-2-3"]}, "malformed region"),
+    ("region negative", _file(WIDE), {"regions": ["rec1:-5-10"]}, "malformed region"),
+    ("region with space", _file(WIDE), {"regions": ["rec1 :1-3"]}, "malformed region"),
+    ("region empty", _file(WIDE), {"regions": [""]}, "malformed region"),
+    ("region given twice", _file(WIDE), {"regions": ["rec1:1-3", "rec1:1-3"]}, "more than once"),
+    ("region on missing file", lambda t: [str(t / "no.fa")], {"regions": ["a"]}, "no such file"),
+    ("region invalid letter", _file(">r\nACGTACGTAC\nACGTACZ\n"), {"regions": ["r:12-17"]},
+     "record 'r' in {0} (region r:12-17): invalid character 'Z' at position 17"),
+    ("region empty record", _file(">e\n>r\nACGT\n"), {"regions": ["e"]}, "record 'e'"),
+    ("region duplicate ids", _file(">a\nAC\n>a\nGG\n"), {"regions": ["a"]}, "duplicate record id 'a'"),
+    ("region duplicate across files", _two_files_same_id, {"regions": ["other"]}, "duplicate record id 'dup'"),
+    ("region not FASTA", _file("nope\n"), {"regions": ["a"]}, "not FASTA"),
+    ("region empty file", _file(""), {"regions": ["a"]}, "is empty"),
+    ("region truncated gzip", _truncated_gz, {"regions": ["a:1-4"]}, "truncated or corrupt gzip"),
+    ("region truncated bgzf", _truncated_bgzf, {"regions": ["a:1-4"]}, "truncated or corrupt gzip"),
+    ("region non-UTF-8", _file(b">a\nAC\xffGT\n"), {"regions": ["a"]}, "not UTF-8"),
+    ("region index_dir is a file", _file(WIDE), {"regions": ["rec1"], "index_dir": "__FILE__"}, "index directory"),
+]
+
+
+@pytest.mark.parametrize("make,kwargs,needle", [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
+def test_bad_inputs(tmp_path: Path, make: Callable[[Path], list[str]], kwargs: dict, needle: str,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
+    inputs = make(tmp_path)
+    kwargs = dict(kwargs)
+    if kwargs.get("index_dir") == "__FILE__":
+        (tmp_path / "afile").write_text("x")
+        kwargs["index_dir"] = str(tmp_path / "afile" / "sub")
+    else:
+        kwargs.setdefault("index_dir", str(tmp_path / "idx"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    with pytest.raises(InputError) as ei:
+        read_prompts(inputs, **kwargs)
+    msg = str(ei.value)
+    assert needle.format(*inputs) in msg
+    assert "\n" not in msg and msg.strip() == msg
+    assert ei.value.exit_code == 2
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_unreadable_file(tmp_path: Path) -> None:
+    p = tmp_path / "secret.fa"
+    p.write_text(">a\nACGT\n")
+    p.chmod(0)
+    with pytest.raises(InputError, match="permission denied"):
+        read_prompts([str(p)])
+
+
+def test_permission_denied_is_translated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    import evspark_cli.io.fasta as fasta_mod
+
+    p = tmp_path / "locked.fa"
+    p.write_text(">a\nACGT\n")
+
+    def fake_open(file, *a, **k):  # root ignores chmod, so simulate EACCES
+        if str(file) == str(p):
+            raise PermissionError(13, "Permission denied", str(file))
+        return builtins.open(file, *a, **k)
+
+    monkeypatch.setattr(fasta_mod, "open", fake_open, raising=False)
+    for regions in (None, ["a"]):
+        with pytest.raises(InputError, match=r"locked\.fa: permission denied"):
+            read_prompts([str(p)], regions=regions, index_dir=str(tmp_path / "i"))
+
+
+def test_default_index_dir_falls_back_to_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evspark_cli.io.fasta import default_index_dir
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))  # cannot create a folder in a file
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    d = default_index_dir()
+    assert d is not None and d.startswith(str(tmp_path / "tmp")) and os.path.isdir(d)
+
+
+def test_stdin_bad(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("not fasta\n"))
+    with pytest.raises(InputError, match=r"^-: not FASTA"):
+        read_prompts(["-"])
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    with pytest.raises(InputError, match="is empty"):
+        read_prompts(["-"])
+
+
+# --------------------------------------------------------------------------- good inputs
+
+def test_plain_gzip_bgzf_stdin_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = tmp_path / "a.fa"
+    plain.write_text(TEXT)
+    gz = tmp_path / "a.fa.gz"
+    gz.write_bytes(gzip.compress(TEXT.encode()))
+    bg = write_bgzf(tmp_path / "b.fa.bgz", TEXT)
+    bg_no_ext = tmp_path / "bgzf_without_extension.fa"
+    bg_no_ext.write_bytes(bg.read_bytes())
+    gz_named_plain = tmp_path / "gz_named.txt"
+    gz_named_plain.write_bytes(gz.read_bytes())
+    results = [read_prompts([str(p)]) for p in (plain, gz, bg, bg_no_ext, gz_named_plain)]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(TEXT))
+    results.append(read_prompts(["-"]))
+    # gzip on a binary stdin is sniffed too
+    fake = io.TextIOWrapper(io.BufferedReader(io.BytesIO(gz.read_bytes())), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", fake)
+    results.append(read_prompts(["-"]))
+    for r in results:
+        assert seqs(r) == EXPECTED
+        assert [p.id for p in r] == ["rec1", "rec2", "rec3"]
+        assert [p.description for p in r] == ["first record", "", "third"]
+    assert results[0][0].source == str(plain)
+    assert results[5][0].source == "-"
+
+
+def test_several_files_keep_order(tmp_path: Path) -> None:
+    (tmp_path / "1.fa").write_text(">z\nAC\n>y\nGG\n")
+    write_bgzf(tmp_path / "2.fa.gz", ">x\nTT\n")
+    out = read_prompts([str(tmp_path / "1.fa"), str(tmp_path / "2.fa.gz")])
+    assert [(p.id, p.seq) for p in out] == [("z", "AC"), ("y", "GG"), ("x", "TT")]
+    assert out[2].source.endswith("2.fa.gz")
+
+
+def test_case_whitespace_crlf_bom_iupac(tmp_path: Path) -> None:
+    p = tmp_path / "w.fa"
+    alphabet = "".join(sorted(IUPAC))
+    p.write_bytes(("\ufeff\n\n>a  spaced   desc \r\nac gt\tn\r\n" + alphabet.lower() + "\r\n").encode())
+    (out,) = read_prompts([str(p)])
+    assert out.id == "a" and out.description == "spaced   desc"
+    assert out.seq == "ACGTN" + alphabet
+
+
+def test_prompt_tail(tmp_path: Path) -> None:
+    p = tmp_path / "t.fa"
+    p.write_text(WIDE)
+    out = read_prompts([str(p)], prompt_tail=5)
+    assert seqs(out) == {k: v[-5:] for k, v in WIDE_SEQ.items()}
+    out = read_prompts([str(p)], regions=["rec1:1-10"], prompt_tail=3, index_dir=str(tmp_path / "i"))
+    assert out[0].seq == "TAC" and out[0].id == "rec1:1-10"
+
+
+@pytest.mark.parametrize("text", [WIDE, TEXT.replace("GGGG CCCC", "GGGGCCCC")], ids=["fixed-width", "ragged"])
+def test_regions_all_formats_agree(tmp_path: Path, text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = seqs(read_prompts([_write(tmp_path / "w.fa", text)]))
+    regions = ["rec2:3-10", "rec1", "rec1:1-1", "rec1:2", "rec3:1-1", "rec2:1,0-1,2"]
+    want = [whole["rec2"][2:10], whole["rec1"], whole["rec1"][0], whole["rec1"][1:], "A", whole["rec2"][9:12]]
+    ids = ["rec2:3-10", "rec1", "rec1:1-1", f"rec1:2-{len(whole['rec1'])}", "rec3:1-1", "rec2:10-12"]
+    paths = [
+        _write(tmp_path / "p.fa", text),
+        str(write_bgzf(tmp_path / "b.fa.gz", text)),
+        _write(tmp_path / "g.fa.gz", gzip.compress(text.encode())),
+        _write(tmp_path / "bgzf_named.fa", (tmp_path / "b.fa.gz").read_bytes()),
+        _write(tmp_path / "plain_named.fa.gz", text),
+    ]
+    for path in paths:
+        out = read_prompts([path], regions=regions, index_dir=str(tmp_path / "idx"))
+        assert [p.seq for p in out] == want, path
+        assert [p.id for p in out] == ids
+        assert out[0].source == f"{path}:rec2:3-10"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    assert [p.seq for p in read_prompts(["-"], regions=regions)] == want
+
+
+def _write(path: Path, content: str | bytes) -> str:
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    return str(path)
+
+
+def test_regions_across_inputs_in_given_order(tmp_path: Path) -> None:
+    a = _write(tmp_path / "a.fa", ">one\nAAAACCCC\n")
+    b = str(write_bgzf(tmp_path / "b.fa.gz", ">two\nGGGGTTTT\n"))
+    out = read_prompts([a, b], regions=["two:2-3", "one:7-8", "two"], index_dir=str(tmp_path / "i"))
+    assert [(p.id, p.seq) for p in out] == [("two:2-3", "GG"), ("one:7-8", "CC"), ("two", "GGGGTTTT")]
+
+
+def test_region_id_with_colon_and_lowercase(tmp_path: Path) -> None:
+    f = _write(tmp_path / "c.fa", ">chr1:100-200 odd id\nacgtacgt\n>HLA:1\nggcc\n")
+    out = read_prompts([f], regions=["chr1:100-200", "chr1:100-200:2-3", "HLA:1"], index_dir=str(tmp_path / "i"))
+    assert [(p.id, p.seq) for p in out] == [("chr1:100-200", "ACGTACGT"), ("chr1:100-200:2-3", "CG"), ("HLA:1", "GGCC")]
+
+
+def test_regions_use_cache_not_user_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    user = tmp_path / "user"
+    user.mkdir()
+    f = _write(user / "genome.fa.gz", b"")
+    write_bgzf(Path(f), WIDE)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    out = read_prompts([f], regions=["rec1:2-4"])
+    assert out[0].seq == "CGT"
+    assert sorted(os.listdir(user)) == ["genome.fa.gz"]  # nothing written next to the input
+    cache = tmp_path / "xdg" / "evspark" / "faidx"
+    made = sorted(os.listdir(cache))
+    assert any(n.endswith(".fai") for n in made) and any(n.endswith(".gzi") for n in made)
+    stamps = {n: os.stat(cache / n).st_mtime_ns for n in made}
+    read_prompts([f], regions=["rec2:1-2"])  # second run: reuses the cached index
+    assert {n: os.stat(cache / n).st_mtime_ns for n in os.listdir(cache)} == stamps
+    # same size, new content: the cache key changes, the old index is not trusted
+    write_bgzf(Path(f), WIDE.replace("GGGGCCCCTT", "TTTTAAAAGG"))
+    assert read_prompts([f], regions=["rec2:1-4"])[0].seq == "TTTT"
+
+
+def test_existing_neighbour_index_is_used_read_only(tmp_path: Path) -> None:
+    import pyfaidx
+
+    f = _write(tmp_path / "n.fa", WIDE)
+    pyfaidx.Faidx(f).close()  # creates n.fa.fai next to the file
+    cache = tmp_path / "cache"
+    out = read_prompts([f], regions=["rec1:11-13"], index_dir=str(cache))
+    assert out[0].seq == "GTA"
+    assert not cache.exists() or not any(n.endswith(".fai") for n in os.listdir(cache))
+
+
+def test_stale_neighbour_index_is_not_trusted(tmp_path: Path) -> None:
+    import pyfaidx
+
+    f = _write(tmp_path / "s.fa", WIDE)
+    pyfaidx.Faidx(f).close()
+    stale_fai = (tmp_path / "s.fa.fai").read_text()
+    _write(tmp_path / "s.fa", ">rec1\nTTTT\n")  # newer than its .fai
+    os.utime(tmp_path / "s.fa.fai", ns=(1, 1))
+    out = read_prompts([f], regions=["rec1:1-4"], index_dir=str(tmp_path / "c"))
+    assert out[0].seq == "TTTT"
+    assert (tmp_path / "s.fa.fai").read_text() == stale_fai  # left alone, not rebuilt in place
+
+
+def test_regions_whitespace_inside_lines_fall_back(tmp_path: Path) -> None:
+    f = _write(tmp_path / "ws.fa", ">r\nAC GT\nAC GT\nAC\n")
+    out = read_prompts([f], regions=["r:3-6"], index_dir=str(tmp_path / "i"))
+    assert out[0].seq == "GTAC"
+
+
+@needs_data
+def test_shared_phix_index_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    before = sorted(os.listdir(PHIX.parent))
+    whole = read_prompts([str(PHIX)])
+    assert len(whole) == 1 and len(whole[0].seq) == 5386 and set(whole[0].seq) <= set("ACGT")
+    out = read_prompts([str(PHIX)], regions=["NC_001422.1:1-60", "NC_001422.1:5,327-5,386"], index_dir=str(cache))
+    assert [p.seq for p in out] == [whole[0].seq[:60], whole[0].seq[-60:]]
+    assert sorted(os.listdir(PHIX.parent)) == before  # read-only shared folder untouched
+    assert any(n.endswith(".gzi") for n in os.listdir(cache))
+
+
+@needs_data
+def test_shared_prompts_match_tsv(tmp_path: Path) -> None:
+    with open(DATA / "prompts.tsv", newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    prompts = read_prompts([str(DATA / "prompts.fa")])
+    assert [p.id for p in prompts] == [r["prompt_id"] for r in rows]
+    assert all(p.seq == r["sequence"] for p, r in zip(prompts, rows))
+    # pyfaidx region extraction vs the `sequence` column, for small valid/ files on '+'
+    small = {"valid/phiX174.fa.gz", "valid/ssonnei_53G_plasmids.fa.gz"}
+    picked = [r for r in rows if r["source_file"] in small and r["strand"] == "+"]
+    picked = [r for r in picked if r["source_file"].endswith("phiX174.fa.gz")] + \
+        [r for r in picked if "ssonnei" in r["source_file"]][:3]
+    assert len(picked) >= 5
+    for src, group in itertools.groupby(picked, key=lambda r: r["source_file"]):
+        group = list(group)
+        out = read_prompts([str(DATA / src)], regions=[r["region"] for r in group], index_dir=str(tmp_path))
+        assert [p.seq for p in out] == [r["sequence"] for r in group]
+        assert [p.id for p in out] == [r["region"] for r in group]
+
+
+# --------------------------------------------------------------------------- property tests
+
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fuzz")
+
+
+_counter = itertools.count()
+
+
+def _only_input_errors(fuzz_dir: Path, content: bytes, regions: list[str] | None = None) -> None:
+    p = fuzz_dir / f"f{next(_counter)}.fa"
+    p.write_bytes(content)
+    try:
+        out = read_prompts([str(p)], regions=regions, index_dir=str(fuzz_dir / "idx"))
+    except InputError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    assert out and all(isinstance(x, Prompt) and x.seq and set(x.seq) <= IUPAC for x in out)
+    assert len({x.id for x in out}) == len(out)
+
+
+_line_soup = st.lists(
+    st.one_of(
+        st.sampled_from([">a", ">b desc", ">", "> x", ">a:1-2", "", " ", "\t", "ACGT", "acgtn", "NNNN",
+                         "AC GT", "Z", "-", "\x00", "\r", "é", ";comment", "RYKM"]),
+        st.text(alphabet="ACGTacgtN>\n\r \t-Z:\x00", max_size=12),
+    ),
+    max_size=12,
+).map("\n".join)
+_good_line = st.sampled_from(["ACGT", "acgtn", "ACGTACGTAC", "AC", "GGCC"])
+_record = st.tuples(
+    st.sampled_from(["a", "b", "c", "d desc", "e:1-2", "", " a", "a"]),
+    st.lists(st.one_of(_good_line, _good_line, _good_line, st.sampled_from(["", " ", "\r"]),
+                       st.text(alphabet="ACGTNacgt -Z\r", max_size=12)), min_size=1, max_size=4),
+)
+_records = st.tuples(
+    st.sampled_from(["", "", "", "\n", "\n \n", "junk\n"]), st.lists(_record, min_size=1, max_size=4)
+).map(lambda pr: pr[0] + "".join(">" + h + "\n" + "".join(line + "\n" for line in lines) for h, lines in pr[1]))
+near_fasta = st.one_of(_line_soup, _records, _records)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.binary(max_size=200))
+def test_fuzz_random_bytes(fuzz_dir: Path, data: bytes) -> None:
+    _only_input_errors(fuzz_dir, data)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=near_fasta, how=st.sampled_from(["plain", "gzip", "bgzf", "cut-gzip"]))
+def test_fuzz_near_fasta(fuzz_dir: Path, text: str, how: str) -> None:
+    raw = text.encode("utf-8", "surrogatepass")
+    if how == "gzip":
+        raw = gzip.compress(raw)
+    elif how == "cut-gzip":
+        raw = gzip.compress(raw)[: max(1, len(raw) // 2)]
+    elif how == "bgzf":
+        buf = io.BytesIO()
+        with bgzf.BgzfWriter(fileobj=buf) as w:
+            w.write(raw)
+            w.flush()
+            raw = buf.getvalue()
+    _only_input_errors(fuzz_dir, raw)
+
+
+region_text = st.one_of(
+    st.sampled_from(["a", "b", "a:1-2", "a:1", "a:2-1", "a:0-1", "b:1,0-2,0", "a:1-999", "zz", "a:x", ":1-2", "a:"]),
+    st.text(alphabet="ab:-,0123456789 ", max_size=10),
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=near_fasta, regions=st.lists(region_text, min_size=1, max_size=3))
+def test_fuzz_regions(fuzz_dir: Path, text: str, regions: list[str]) -> None:
+    _only_input_errors(fuzz_dir, text.encode("utf-8", "surrogatepass"), regions)
+    _only_input_errors(fuzz_dir, WIDE.replace("rec", "").replace("1", "a").replace("2", "b").encode(), regions)
+
+
+def test_parse_region_examples() -> None:
+    r = parse_region("chr1:1,000-2,000")
+    assert (r.name, r.start, r.end) == ("chr1", 1000, 2000)
+    assert parse_region("chr1") == parse_region("chr1").__class__("chr1", "chr1", None, None)
+    assert (parse_region("chr1:5").start, parse_region("chr1:5").end) == (5, None)
+    assert parse_region("chr1:5-").end is None  # samtools: to the end of the record
+    for bad in ["", "chr1:", "chr1:a-b", " chr1", "chr1:5-3", "chr1:0"]:
+        with pytest.raises(InputError):
+            parse_region(bad)
+
+
+def test_path_objects_accepted(tmp_path: Path) -> None:
+    p = tmp_path / "p.fa"
+    p.write_text(WIDE)
+    assert seqs(read_prompts([p])) == WIDE_SEQ
+    assert read_prompts([p], regions=["rec3"], index_dir=tmp_path / "i")[0].seq == "A"
+
+
+def test_copy_of_phix_in_writable_folder_gets_no_neighbour_index(tmp_path: Path) -> None:
+    if not PHIX.exists():
+        pytest.skip("shared data not available")
+    f = tmp_path / "phix.fa.gz"
+    shutil.copy(PHIX, f)
+    read_prompts([str(f)], regions=["NC_001422.1:10-20"], index_dir=str(tmp_path / "c"))
+    assert sorted(os.listdir(tmp_path)) == ["c", "phix.fa.gz"]

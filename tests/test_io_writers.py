@@ -1,0 +1,317 @@
+"""Tests for evspark_cli.io.writers (partial/resume/rename) and evspark_cli.io.shard."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evspark_cli.errors import InputError
+from evspark_cli.io.fasta import read_prompts
+from evspark_cli.io.shard import parse_shard, select_shard
+from evspark_cli.io.writers import FastaOutput, StatsOutput, check_output_path
+
+COLUMNS = ("record_id sample prompt_len new_tokens mode drafter gamma rounds tau acceptance_rate "
+           "wall_s tokens_per_s native_wall_s native_tokens_per_s speedup").split()
+RECORDS = [("r1", "evspark model=m seed=0", "ACGTACGTACGTAGG"), ("r2_s0", "", "A"), ("r3", "x y", "GATTACA" * 3)]
+
+
+def write_all(out: FastaOutput, records=RECORDS) -> None:
+    for rid, desc, seq in records:
+        out.write(rid, desc, seq)
+
+
+# --------------------------------------------------------------------------- FASTA output
+
+@pytest.mark.parametrize("width", [7, 60, 0, 1])
+def test_fasta_round_trip(tmp_path: Path, width: int) -> None:
+    path = tmp_path / "out.fa"
+    with FastaOutput(str(path), line_width=width) as out:
+        write_all(out)
+        assert not path.exists() and (tmp_path / "out.fa.partial").exists()
+        out.finish()
+    assert path.exists() and not (tmp_path / "out.fa.partial").exists()
+    back = read_prompts([str(path)])
+    assert [(p.id, p.description, p.seq) for p in back] == RECORDS
+    lines = [ln for ln in path.read_text().splitlines() if not ln.startswith(">")]
+    if width:
+        assert max(map(len, lines)) <= width
+    else:
+        assert len(lines) == len(RECORDS)
+
+
+def test_exception_leaves_only_partial(tmp_path: Path) -> None:
+    path = tmp_path / "o.fa"
+    with pytest.raises(RuntimeError):
+        with FastaOutput(str(path)) as out:
+            out.write("a", "", "ACGT")
+            raise RuntimeError("boom")
+    assert not path.exists()
+    assert (tmp_path / "o.fa.partial").read_text() == ">a\nACGT\n"
+
+
+def test_no_finish_means_no_output(tmp_path: Path) -> None:
+    path = tmp_path / "o.fa"
+    with FastaOutput(str(path)) as out:
+        out.write("a", "", "ACGT")
+    assert not path.exists() and (tmp_path / "o.fa.partial").exists()
+
+
+def test_existing_partial_needs_resume(tmp_path: Path) -> None:
+    (tmp_path / "o.fa.partial").write_text(">a\nAC\n")
+    with pytest.raises(InputError, match=r"o\.fa\.partial exists .*--resume.* or delete it"):
+        FastaOutput(str(tmp_path / "o.fa"))
+
+
+def test_resume_keeps_finished_and_drops_torn_tail(tmp_path: Path) -> None:
+    path = tmp_path / "o.fa"
+    out = FastaOutput(str(path), line_width=5)
+    write_all(out, RECORDS[:2])
+    out.close()
+    with open(tmp_path / "o.fa.partial", "ab") as f:
+        f.write(b">r3 x y\nGATTA\nCAG")  # crash in the middle of a record
+    with FastaOutput(str(path), line_width=5, resume=True) as out:
+        assert out.done_ids == {"r1", "r2_s0"}
+        for rid, desc, seq in RECORDS:
+            if rid not in out.done_ids:
+                out.write(rid, desc, seq)
+        out.finish()
+    assert [(p.id, p.description, p.seq) for p in read_prompts([str(path)])] == RECORDS
+
+
+@pytest.mark.parametrize("tail", [b">", b">r3", b">r3 x y\n", b">r3 x y\nGATTA\nCAGATTAC\n", b">r3\nGA\xc3"])
+def test_resume_drops_any_incomplete_last_record(tmp_path: Path, tail: bytes) -> None:
+    path = tmp_path / "o.fa"
+    out = FastaOutput(str(path), line_width=5)
+    write_all(out, RECORDS[:2])
+    out.close()
+    good = (tmp_path / "o.fa.partial").read_bytes()
+    with open(tmp_path / "o.fa.partial", "ab") as f:
+        f.write(tail)
+    out = FastaOutput(str(path), line_width=5, resume=True)
+    out.close()
+    kept = (tmp_path / "o.fa.partial").read_bytes()
+    # a header-only record ending in '\n' is a complete empty record; everything else is cut
+    assert kept == good or (tail == b">r3 x y\n" and kept == good + tail)
+
+
+def test_resume_rejects_corrupt_middle(tmp_path: Path) -> None:
+    (tmp_path / "o.fa.partial").write_text(">a\nAC#GT\n>b\nAC\n")
+    with pytest.raises(InputError, match="cannot resume.*delete it"):
+        FastaOutput(str(tmp_path / "o.fa"), resume=True)
+    (tmp_path / "o.fa.partial").write_text("garbage\n>b\nAC\n")
+    with pytest.raises(InputError, match="cannot resume"):
+        FastaOutput(str(tmp_path / "o.fa"), resume=True)
+
+
+def test_resume_with_other_line_width_is_an_error(tmp_path: Path) -> None:
+    out = FastaOutput(str(tmp_path / "o.fa"), line_width=4)
+    write_all(out)
+    out.close()
+    with pytest.raises(InputError, match="line-width"):
+        FastaOutput(str(tmp_path / "o.fa"), line_width=6, resume=True)
+
+
+def test_resume_without_partial_starts_fresh(tmp_path: Path) -> None:
+    with FastaOutput(str(tmp_path / "o.fa"), resume=True) as out:
+        assert out.done_ids == set()
+        out.write("a", "", "AC")
+        out.finish()
+    assert (tmp_path / "o.fa").read_text() == ">a\nAC\n"
+
+
+def test_second_writer_on_same_partial_is_refused(tmp_path: Path) -> None:
+    first = FastaOutput(str(tmp_path / "o.fa"))
+    first.write("a", "", "AC")
+    with pytest.raises(InputError, match="another process"):
+        FastaOutput(str(tmp_path / "o.fa"), resume=True)
+    first.close()
+
+
+def test_crashed_process_leaves_only_partial(tmp_path: Path) -> None:
+    path = tmp_path / "o.fa"
+    code = (
+        "import os, sys\n"
+        "from evspark_cli.io.writers import FastaOutput\n"
+        f"out = FastaOutput({str(path)!r})\n"
+        "out.write('a', '', 'ACGT'); out.write('b', 'd', 'GG')\n"
+        "os._exit(9)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    rc = subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode
+    assert rc == 9 and not path.exists()
+    with FastaOutput(str(path), resume=True) as out:
+        assert out.done_ids == {"a", "b"}
+
+
+def test_fasta_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    with FastaOutput(None, line_width=3) as out:
+        out.write("a", "desc", "ACGTA")
+        out.finish()
+    assert capsys.readouterr().out == ">a desc\nACG\nTA\n"
+    with pytest.raises(InputError, match="resume"):
+        FastaOutput("-", resume=True)
+
+
+def test_fasta_write_misuse(tmp_path: Path) -> None:
+    with FastaOutput(str(tmp_path / "o.fa")) as out:
+        out.write("a", "", "AC")
+        for args in [("a", "", "AC"), ("", "", "AC"), ("x y", "", "A"), ("z", "two\nlines", "A"), ("w", "", "AC\nGT"),
+                     ("v", "", ">AC")]:
+            with pytest.raises(ValueError):
+                out.write(*args)
+    with pytest.raises(InputError, match="line-width"):
+        FastaOutput(str(tmp_path / "p.fa"), line_width=-1)
+
+
+# --------------------------------------------------------------------------- output path checks
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda t: str(t / "missing" / "o.fa"), "does not exist"),
+    (lambda t: str(t), "is a directory"),
+    (lambda t: "/dev/null", "not a regular file"),
+    (lambda t: "", "empty output path"),
+])
+def test_check_output_path_errors(tmp_path: Path, make, needle: str) -> None:
+    with pytest.raises(InputError, match=needle):
+        check_output_path(make(tmp_path))
+    if make(tmp_path):
+        with pytest.raises(InputError, match=needle):
+            FastaOutput(make(tmp_path))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_check_output_path_read_only_dir(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(InputError, match="not writable"):
+            check_output_path(str(ro / "o.fa"))
+    finally:
+        ro.chmod(0o700)
+
+
+def test_check_output_path_not_writable_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # root ignores chmod
+    with pytest.raises(InputError, match="is not writable"):
+        check_output_path(str(tmp_path / "o.fa"))
+
+
+def test_check_output_path_ok(tmp_path: Path) -> None:
+    check_output_path(None)
+    check_output_path("-")
+    check_output_path(str(tmp_path / "new.fa"))
+    (tmp_path / "old.fa").write_text("x")
+    check_output_path(str(tmp_path / "old.fa"))  # overwritten at finish
+
+
+# --------------------------------------------------------------------------- stats
+
+ROW = {"record_id": "r1", "sample": 0, "prompt_len": 64, "new_tokens": 128, "mode": "speculative",
+       "drafter": "kmer", "gamma": 12, "rounds": 11, "tau": 11.636363636, "acceptance_rate": 0.8787878,
+       "wall_s": 1.23456789, "tokens_per_s": 103.68, "native_wall_s": None, "native_tokens_per_s": None,
+       "speedup": None}
+
+
+def test_stats_tsv(tmp_path: Path) -> None:
+    path = tmp_path / "s.tsv"
+    with StatsOutput(str(path), COLUMNS) as out:
+        out.write(ROW)
+        out.write({"record_id": "r2", "sample": 1, "speedup": float("nan"), "wall_s": 1e-9})
+        out.finish()
+    lines = path.read_text().splitlines()
+    assert lines[0].split("\t") == COLUMNS
+    row = dict(zip(COLUMNS, lines[1].split("\t")))
+    assert row["record_id"] == "r1" and row["sample"] == "0" and row["tau"] == "11.6364"
+    assert row["wall_s"] == "1.23457" and row["native_wall_s"] == "" and row["speedup"] == ""
+    row2 = dict(zip(COLUMNS, lines[2].split("\t")))
+    assert row2["speedup"] == "nan" and row2["wall_s"] == "1e-09" and row2["mode"] == ""
+    assert all(len(ln.split("\t")) == len(COLUMNS) for ln in lines)
+
+
+def test_stats_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    with StatsOutput(str(path), COLUMNS) as out:
+        out.write(ROW)
+        out.write({"record_id": "r2", "speedup": float("inf")})
+        out.finish()
+    rows = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert list(rows[0]) == COLUMNS
+    assert rows[0]["tau"] == 11.6364 and rows[0]["native_wall_s"] is None and rows[0]["gamma"] == 12
+    assert rows[1]["speedup"] is None and rows[1]["sample"] is None
+
+
+def test_stats_bad_extension_and_misuse(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"\.tsv or \.jsonl"):
+        StatsOutput(str(tmp_path / "s.csv"), COLUMNS)
+    with StatsOutput(str(tmp_path / "s.TSV"), COLUMNS) as out:
+        with pytest.raises(ValueError, match="unknown"):
+            out.write({"record_idd": "x"})
+
+
+@pytest.mark.parametrize("ext", ["tsv", "jsonl"])
+def test_stats_resume(tmp_path: Path, ext: str) -> None:
+    path = tmp_path / f"s.{ext}"
+    out = StatsOutput(str(path), COLUMNS)
+    out.write(ROW)
+    out.write({**ROW, "record_id": "r2"})
+    out.close()
+    with open(f"{path}.partial", "ab") as f:
+        f.write(b"r3\t0\t6" if ext == "tsv" else b'{"record_id": "r3", "sam')
+    with pytest.raises(InputError, match="--resume"):
+        StatsOutput(str(path), COLUMNS)
+    with StatsOutput(str(path), COLUMNS, resume=True) as out:
+        assert out.done_ids == {"r1", "r2"} and len(out.done_rows) == 2
+        out.write({**ROW, "record_id": "r3"})
+        out.finish()
+    text = path.read_text().splitlines()
+    assert len(text) == (4 if ext == "tsv" else 3)
+    assert text[-1].startswith("r3\t" if ext == "tsv" else '{"record_id": "r3"')
+
+
+def test_stats_resume_other_columns_is_error(tmp_path: Path) -> None:
+    out = StatsOutput(str(tmp_path / "s.tsv"), COLUMNS)
+    out.close()
+    with pytest.raises(InputError, match="columns differ"):
+        StatsOutput(str(tmp_path / "s.tsv"), COLUMNS[:-1], resume=True)
+
+
+def test_stats_resume_torn_header(tmp_path: Path) -> None:
+    (tmp_path / "s.tsv.partial").write_text("record_id\tsam")
+    with StatsOutput(str(tmp_path / "s.tsv"), COLUMNS, resume=True) as out:
+        assert out.done_ids == set()
+        out.finish()
+    assert (tmp_path / "s.tsv").read_text() == "\t".join(COLUMNS) + "\n"
+
+
+# --------------------------------------------------------------------------- shard
+
+@pytest.mark.parametrize("text,want", [("1/1", (1, 1)), ("2/5", (2, 5)), (" 3 / 4 ", (3, 4))])
+def test_parse_shard_ok(text: str, want: tuple[int, int]) -> None:
+    assert parse_shard(text) == want
+
+
+@pytest.mark.parametrize("text", ["3/2", "0/2", "a/b", "1", "1/0", "0/0", "-1/2", "1/2/3", "", "1.0/2"])
+def test_parse_shard_bad(text: str) -> None:
+    with pytest.raises(InputError, match="--shard"):
+        parse_shard(text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=st.lists(st.integers(), max_size=40))
+def test_shards_cover_exactly_once(items: list[int]) -> None:
+    tagged = list(enumerate(items))
+    assert select_shard(tagged, None) == tagged
+    for n in range(1, 6):
+        parts = [select_shard(tagged, (i, n)) for i in range(1, n + 1)]
+        assert sorted(x for part in parts for x in part) == tagged
+        for i, part in enumerate(parts, start=1):
+            assert part == sorted(part) and all(k % n == i - 1 for k, _ in part)
+        sizes = [len(p) for p in parts]
+        assert max(sizes) - min(sizes) <= 1
