@@ -6,6 +6,7 @@ EVSPARK_DEBUG=1 for a traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -225,10 +226,21 @@ def generate(
     if stats and not stats.endswith((".tsv", ".jsonl")):
         raise InputError(f"--stats {stats}: use a .tsv or .jsonl file name")
     fasta = FastaOutput(output, line_width=line_width, resume=resume)
-    stat_out = StatsOutput(stats, STATS_COLUMNS, resume=resume) if stats else None
+    try:
+        stat_out = StatsOutput(stats, STATS_COLUMNS, resume=resume) if stats else None
+    except BaseException:
+        # the stats file cannot be opened (e.g. a stale .partial): do not leave a FASTA partial
+        # of a run that never started behind
+        fasta.close()
+        if fasta.partial and not fasta.done_ids and not resume:
+            with contextlib.suppress(OSError):
+                os.remove(fasta.partial)
+        raise
     jobs = [(p, s) for p in prompts for s in range(samples)]
     failed: list[str] = []
-    with fasta:
+    # both files are closed on any exit (an interrupt included): a leaked descriptor would keep
+    # its lock and make an in-process --resume fail with "another process is writing it"
+    with fasta, (stat_out if stat_out is not None else contextlib.nullcontext()):
         prog = _progress(len(jobs), quiet, "generate")
         with prog:
             task = prog.add_task("generate", total=len(jobs), note="")
@@ -256,9 +268,12 @@ def generate(
                         f"top_p={sampler.top_p:g} seed={seed} new_tokens={len(out.tokens)}")
                 text = fasta_letters(out.text)
                 seq = (p.seq + text) if include_prompt else text
-                fasta.write(rid, desc, seq)
-                if stat_out is not None:
+                # stats row first: a record counts as done once it is in the FASTA, so an
+                # interrupt between the two writes must not leave a done record without its row
+                # (a row without its record is kept and not written twice on --resume)
+                if stat_out is not None and rid not in stat_out.done_ids:
                     stat_out.write(out.stats)
+                fasta.write(rid, desc, seq)
                 tau = out.stats.get("tau")
                 prog.update(task, advance=1, note=f"tau={tau:.2f}" if tau else "")
         if failed:

@@ -59,7 +59,7 @@ def randomize_model(model, seed: int = 0):
     return model.eval()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_model() -> Callable:
     """Factory: make_model(ModelConfig, seed=0) -> a randomized fp32 StripedHyena in eval mode."""
     from evspark_cli.model.model import StripedHyena

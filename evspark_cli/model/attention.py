@@ -53,6 +53,7 @@ class MHA(nn.Module):
             o = F.scaled_dot_product_attention(q.transpose(1, 2), key.transpose(1, 2),
                                                val.transpose(1, 2), is_causal=True)
         else:
+            st.check()
             version = st.cache.write(t0, key, val)
             pending = KVPending(st.cache, t0, version)
             keys = st.cache.k[:, : t0 + k].transpose(1, 2)

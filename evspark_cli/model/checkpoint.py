@@ -67,10 +67,12 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 def cast_model(model: StripedHyena, dtype: torch.dtype) -> StripedHyena:
     """Evo 2's precision policy: everything in `dtype` except poles, residues and inv_freq (fp32)."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    keep = {name: t.detach().float().clone() for name, t in named if name.endswith(FP32_KEEP)}
     model.to(dtype)
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if name.endswith(FP32_KEEP):
-            t.data = t.data.float()
+        if name in keep:
+            t.data = keep[name].to(t.device)
     return model
 
 
@@ -89,7 +91,7 @@ def _short(e: BaseException) -> str:
     return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
 
 
-def check_and_load(model: StripedHyena, tensors: dict[str, Tensor], source: Path) -> None:
+def check_tensors_against(model: torch.nn.Module, tensors: dict[str, Tensor], source: Path) -> None:
     """Strict load: a missing, unexpected, mis-shaped or non-finite tensor is named and refused."""
     own = model.state_dict()
     for name in own:
@@ -120,7 +122,7 @@ def load_model(path: str | Path | None = None, device: str | None = "cpu",
     cfg = ModelConfig.load(folder / CONFIG)
     tensors = read_safetensors(folder / WEIGHTS)
     model = StripedHyena(cfg)
-    check_and_load(model, tensors, folder / WEIGHTS)
+    check_tensors_against(model, tensors, folder / WEIGHTS)
     dev = resolve_device(device)
     model = cast_model(model.to(dev), resolve_dtype(dtype, dev))
     model.eval()
@@ -159,11 +161,18 @@ def weights_hash(folder: str | Path) -> str:
 
 def _read_pt(path: Path) -> dict[str, Tensor]:
     """A `.pt` state dict through torch.load(weights_only=True): no code runs on unpickling."""
-    try:
-        with torch.serialization.safe_globals([io.BytesIO]):
-            obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure is a refusal
-        raise ModelError(f"refusing to load {path}: not a plain tensor checkpoint ({_short(e)})") from None
+    obj = None
+    for mmap in (True, False):  # legacy (non-zip) .pt files cannot be memory-mapped
+        try:
+            with torch.serialization.safe_globals([io.BytesIO]):
+                obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+            break
+        except Exception as e:  # noqa: BLE001 - any unpickling failure is a refusal
+            if mmap and "mmap" in str(e).lower():
+                continue
+            why = next((ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln or "global" in ln),
+                       _short(e))
+            raise ModelError(f"refusing to load {path}: not a plain tensor checkpoint ({why[:160]})") from None
     for key in ("model", "state_dict", "module"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]
@@ -202,7 +211,7 @@ def convert_checkpoint(checkpoint: str | Path, config: str | Path, out_dir: str 
     model = StripedHyena(cfg)
     for name, buf in model.named_buffers():  # inv_freq absent from some files: the config's base
         tensors.setdefault(name, buf.detach().clone())
-    check_and_load(model, tensors, ckpt)
+    check_tensors_against(model, tensors, ckpt)
     return save_model(model, out_dir)
 
 

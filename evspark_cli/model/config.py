@@ -114,8 +114,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
         """Build from an EvSpark or Evo 2 config dict; unknown Evo 2 fields are ignored."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kw = {k: _coerce(k, v, str(fields[k].type)) for k, v in d.items() if k in fields}
         if "num_layers" not in kw:
             raise ModelError("config: missing num_layers")
         cfg = cls(**kw)
@@ -140,6 +140,23 @@ class ModelConfig:
         if not isinstance(data, dict):
             raise ModelError(f"config {p} is not a mapping")
         return cls.from_dict(data)
+
+
+def _coerce(name: str, value: Any, typ: str) -> Any:
+    """YAML readers leave e.g. `eps: 1e-06` as a string: convert by the field's declared type."""
+    try:
+        if typ.startswith("float") and not isinstance(value, bool):
+            return float(value)
+        if typ.startswith("int") and isinstance(value, (str, float)) and value is not None:
+            f = float(value)
+            if f != int(f):
+                raise ValueError
+            return int(f)
+        if typ.startswith("bool") and isinstance(value, str):
+            return {"true": True, "false": False}[value.lower()]
+    except (ValueError, TypeError, KeyError):
+        raise ModelError(f"config: field {name} has an invalid value {value!r}") from None
+    return value
 
 
 def _scalar(text: str) -> Any:
@@ -172,10 +189,13 @@ def parse_flat_yaml(text: str) -> dict[str, Any]:
     """
     try:
         import yaml  # type: ignore
-
-        return yaml.safe_load(text)
     except ImportError:
-        pass
+        yaml = None
+    if yaml is not None:
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(" ".join(str(e).split())) from None
     out: dict[str, Any] = {}
     key_for_list: str | None = None
     for raw in text.splitlines():

@@ -94,17 +94,18 @@ class HyenaFilter(nn.Module):
     def li_toeplitz(self, k: int) -> tuple[Tensor, Tensor]:
         """(p^1..p^k as (D, S, k), lower-triangular p^(j-i) as (D, S, k, k)), cached in inference."""
         lam, _ = self.poles()
-        key = (k, lam.device, self.log_poles._version, self.log_poles.data_ptr())
-        hit = self._toeplitz.get(key)
-        if hit is not None and not torch.is_grad_enabled():
+        cacheable = not torch.is_grad_enabled() and not self.log_poles.is_inference()
+        key = (k, lam.device, self.log_poles._version if cacheable else -1, self.log_poles.data_ptr())
+        hit = self._toeplitz.get(key) if cacheable else None
+        if hit is not None:
             return hit
         j = torch.arange(k, device=lam.device, dtype=torch.float32)
         diff = j[:, None] - j[None, :]
         tri = torch.where(diff >= 0, torch.exp(lam[..., None, None] * diff.clamp(min=0)),
                           torch.zeros((), device=lam.device))
         powers = torch.exp(lam[..., None] * (j + 1))
-        if not torch.is_grad_enabled():
-            if len(self._toeplitz) > 64:
+        if cacheable:
+            if len(self._toeplitz) > 32:
                 self._toeplitz.clear()
             self._toeplitz[key] = (powers, tri)
         return powers, tri

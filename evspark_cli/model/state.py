@@ -51,7 +51,9 @@ class FIRPending:
     width: int  # K - 1
 
     def commit(self, j: int) -> FIRWindow:
-        return FIRWindow(self.widened[..., j: j + self.width])
+        w = self.widened[..., j: j + self.width]
+        # a view for verification blocks; a copy when a long (prefill) buffer would stay pinned
+        return FIRWindow(w.clone() if self.widened.shape[-1] > 2 * self.width + 64 else w)
 
 
 # --------------------------------------------------------------------------------------- modal
@@ -104,6 +106,10 @@ def modal_state_after(sigma0: Tensor, w: Tensor, log_poles: Tensor, chunk: int =
 # ------------------------------------------------------------------------------------ KV cache
 
 
+class StaleBlockError(RuntimeError):
+    """A block or state whose KV rows a later extend (of another branch) overwrote."""
+
+
 class KVCache:
     """Preallocated rotated keys and values (B, capacity, H, d_h), grown by doubling.
 
@@ -116,6 +122,7 @@ class KVCache:
         self.k = torch.zeros(batch, capacity, heads, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.version = 0
+        self.write_starts: list[int] = []  # first row of each write, by version - 1
 
     @property
     def capacity(self) -> int:
@@ -138,11 +145,17 @@ class KVCache:
         self.k[:, t0: t0 + n] = k
         self.v[:, t0: t0 + n] = v
         self.version += 1
+        self.write_starts.append(t0)
         return self.version
+
+    def intact(self, length: int, since: int) -> bool:
+        """True when no write after version `since` touched rows below `length`."""
+        later = self.write_starts[since:]
+        return not later or min(later) >= length
 
     def copy(self, length: int) -> "KVCache":
         c = KVCache.__new__(KVCache)
-        c.k, c.v, c.version = self.k.clone(), self.v.clone(), 0
+        c.k, c.v, c.version, c.write_starts = self.k.clone(), self.v.clone(), 0, []
         c.k[:, length:] = 0
         c.v[:, length:] = 0
         return c
@@ -152,13 +165,16 @@ class KVCache:
 class KVState:
     cache: KVCache
     length: int
+    version: int = 0  # cache version when this state was made
 
     def clone(self) -> "KVState":
-        return KVState(self.cache.copy(self.length), self.length)
+        return KVState(self.cache.copy(self.length), self.length, 0)
 
-
-class StaleBlockError(RuntimeError):
-    """A block was committed after a later extend overwrote its KV rows."""
+    def check(self) -> None:
+        """Refuse a state whose rows a sibling branch has overwritten since it was committed."""
+        if not self.cache.intact(self.length, self.version):
+            raise StaleBlockError("this state's KV rows were overwritten by another branch; "
+                                  "extend a clone() to explore several branches")
 
 
 @dataclass
@@ -170,7 +186,7 @@ class KVPending:
     def commit(self, j: int) -> KVState:
         if self.cache.version != self.version:
             raise StaleBlockError("this block's KV rows were overwritten by a later extend")
-        return KVState(self.cache, self.t0 + j)
+        return KVState(self.cache, self.t0 + j, self.version)
 
 
 # ------------------------------------------------------------------------------- whole model

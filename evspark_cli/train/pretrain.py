@@ -196,7 +196,7 @@ class Trainer:
         keep_poles_stable(self.model)
         self.step += 1
         self.tokens_seen += batch.shape[0] * (batch.shape[1] - 1)
-        return float(loss)
+        return float(loss.detach())
 
     def evaluate(self) -> dict[str, float]:
         self.model.eval()

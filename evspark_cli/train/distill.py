@@ -1,0 +1,281 @@
+"""Distilling a DSpark drafter from a target: teacher cache, then drafter training.
+
+1. **Teacher cache** (`build_cache`): the target runs once, teacher-forced, over natural windows
+   of the training genomes and over target-generated continuations of them (on-policy data at the
+   deployment sampler settings). Per position it stores the conditioning hidden states through the
+   fp32-scale codec, the token, and the target's sampler distribution p̃ on the DNA alphabet (plus
+   the mass p̃ puts elsewhere, which a DNA-only drafter can never match).
+2. **Training** (`DistillTrainer`): anchors are sampled in cached windows; the loss is
+   0.1·CE(next token) + 0.9·L1(q, p̃) per draft position, weighted exp(-(k-1)/4). Since the
+   acceptance probability of a draft is 1 - ½‖q - p̃‖₁, the L1 term optimises acceptance itself.
+   Supervised positions = anchors × gamma. Resumable (ckpt.pt), logged (log.jsonl), seeded.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..decode.drafters.dspark import DNA, DSparkConfig, DSparkNet, save_drafter
+from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
+from ..model.checkpoint import load_model, weights_hash
+from ..model.model import StripedHyena
+from .codec import ShardReader, ShardWriter, encode
+from .corpus import Corpus
+
+
+@dataclass
+class CacheConfig:
+    target: str
+    out_dir: str
+    train: list[str] = field(default_factory=list)
+    natural_windows: int = 256
+    onpolicy_windows: int = 128
+    window: int = 1024
+    onpolicy_prompt: int = 512  # on-policy windows: this many natural tokens, then the target writes
+    batch: int = 8
+    temperature: float = 1.0
+    top_k: int = 4
+    top_p: float = 1.0
+    seed: int = 0
+    codec: str = "bf16"
+
+
+@dataclass
+class DistillConfig:
+    cache: str
+    out_dir: str
+    seed: int = 0
+    steps: int = 2000
+    batch: int = 64
+    gamma: int = 12
+    gamma_max: int = 16
+    width: int = 128
+    layers: int = 2
+    heads: int = 4
+    prefix_len: int = 64
+    lr: float = 2e-3
+    warmup: int = 100
+    weight_decay: float = 0.01
+    ce_weight: float = 0.1
+    l1_weight: float = 0.9
+    position_decay: float = 4.0
+    ckpt_every: int = 200
+    log_every: int = 25
+
+
+# ------------------------------------------------------------------------------ teacher cache
+
+
+@torch.inference_mode()
+def generate_batch(model: StripedHyena, prompts: torch.Tensor, n_new: int, sampler: SamplerConfig,
+                   seed: int, first_record: int) -> torch.Tensor:
+    """Native sampling for a batch of equal-length prompts (B, L) -> (B, L + n_new)."""
+    B = prompts.shape[0]
+    _, _, state = model.prefill(prompts[:, :-1].to(model.device), keep_last=1, reserve=n_new + 8)
+    anchor = prompts[:, -1:].to(model.device)
+    out = [prompts.to(model.device)]
+    rec = torch.arange(first_record, first_record + B)
+    for _ in range(n_new):
+        logits, _, block = model.extend(state, anchor)
+        state = block.commit(1)
+        p = sampler_probs(logits[:, -1], sampler)
+        u = torch.stack([uniform(seed, int(r), 0, state.seqlen, int(Purpose.SAMPLE)) for r in rec])
+        anchor = sample_from_probs(p, u.to(p.device))[:, None]
+        out.append(anchor)
+    return torch.cat(out, dim=1).cpu()
+
+
+@torch.inference_mode()
+def teacher_rows(model: StripedHyena, seqs: torch.Tensor, sampler: SamplerConfig) -> dict:
+    """Teacher-forced hidden states, p̃ on the alphabet and the mass outside it, for (B, S)."""
+    logits, hidden = model(seqs.to(model.device), return_hidden=True)
+    p = sampler_probs(logits.float(), sampler)
+    alpha = torch.tensor(DNA, device=p.device)
+    pa = p[..., alpha]
+    return {"tokens": seqs.cpu().to(torch.int16), "p_alpha": pa.cpu(),
+            "p_other": (1 - pa.sum(-1)).clamp(min=0).cpu(),
+            "hidden": encode(hidden.float().cpu(), "bf16")}
+
+
+def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
+    """Run the target over natural and on-policy windows; write codec shards + index."""
+    out = Path(cfg.out_dir)
+    model = load_model(cfg.target, device="auto")
+    sampler = SamplerConfig(cfg.temperature, cfg.top_k, cfg.top_p)
+    corpus = Corpus.from_paths(cfg.train)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    meta = {"cache_config": asdict(cfg), "target_hash": weights_hash(cfg.target),
+            "target_hidden_layers": model.config.drafter_layers, "hidden_size": model.config.hidden_size,
+            "alphabet": DNA}
+    t0 = time.time()
+    with ShardWriter(out, prefix="teacher", max_rows_per_shard=64, metadata=meta, overwrite=True) as w:
+        done = 0
+        for kind, n in (("natural", cfg.natural_windows), ("onpolicy", cfg.onpolicy_windows)):
+            for s in range(0, n, cfg.batch):
+                b = min(cfg.batch, n - s)
+                if kind == "natural":
+                    seqs = corpus.sample_windows(b, cfg.window - 1, gen)
+                else:
+                    prompts = corpus.sample_windows(b, cfg.onpolicy_prompt - 1, gen)
+                    seqs = generate_batch(model, prompts, cfg.window - cfg.onpolicy_prompt, sampler,
+                                          cfg.seed, first_record=10_000 + s)
+                rows = teacher_rows(model, seqs, sampler)
+                rows["onpolicy"] = torch.full((b,), kind == "onpolicy", dtype=torch.bool)
+                w.append(rows)
+                done += b
+                log(f"cache: {done}/{cfg.natural_windows + cfg.onpolicy_windows} windows "
+                    f"({time.time() - t0:.0f} s)")
+    (out / "cache_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    return out
+
+
+# ------------------------------------------------------------------------------ training
+
+
+class TeacherData:
+    """The whole cache in memory (bf16 payload + fp32 row scales), decoded batch by batch."""
+
+    def __init__(self, cache_dir: str | Path) -> None:
+        r = ShardReader(cache_dir)
+        parts: dict[str, list] = {}
+        for shard in r.iter_shards(decoded=False):
+            for k, v in shard.items():
+                parts.setdefault(k, []).append(v)
+        self.tokens = torch.cat(parts["tokens"]).long()
+        self.p_alpha = torch.cat(parts["p_alpha"]).float()
+        self.p_other = torch.cat(parts["p_other"]).float()
+        hid = parts["hidden"]
+        self.h_payload = torch.cat([e.payload for e in hid])
+        self.h_scale = torch.cat([e.scale for e in hid])
+        self.meta = r.metadata
+        self.windows, self.seq_len = self.tokens.shape
+
+    def hidden(self, w: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Decoded hidden states at (window, position) index tensors of equal shape."""
+        return self.h_payload[w, pos].float() * self.h_scale[w, pos][..., None]
+
+    def batch(self, n: int, gamma: int, P: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+        w = torch.randint(self.windows, (n,), generator=gen)
+        a = torch.randint(1, self.seq_len - gamma, (n,), generator=gen)  # anchor index
+        ctx_pos = a[:, None] - P + torch.arange(P)  # positions a-P..a-1
+        valid = ctx_pos >= 0
+        ctx = self.hidden(w[:, None].expand(-1, P), ctx_pos.clamp(min=0)) * valid[..., None, None]
+        k = torch.arange(1, gamma + 1)
+        tgt_pos = a[:, None] + k  # tokens the drafts should produce
+        return {"ctx": ctx, "valid": valid, "anchor": self.tokens[w, a],
+                "prev": self.tokens[w[:, None], tgt_pos - 1], "target": self.tokens[w[:, None], tgt_pos],
+                "p_alpha": self.p_alpha[w[:, None], tgt_pos - 1],
+                "p_other": self.p_other[w[:, None], tgt_pos - 1]}
+
+
+def distill_loss(net: DSparkNet, b: dict[str, torch.Tensor], cfg: DistillConfig
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    z = net.logits(net.condition(b["ctx"]), b["valid"], b["anchor"], b["prev"])  # (B, g, V)
+    logq = torch.log_softmax(z.float(), dim=-1)
+    q = logq.exp()
+    gamma = z.shape[1]
+    wk = torch.exp(-torch.arange(gamma, dtype=torch.float32) / cfg.position_decay)
+    wk = wk / wk.sum()
+    tgt = net.lut[b["target"]]
+    in_alpha = tgt < net.cfg.n_alpha
+    ce = -(logq.gather(-1, tgt.clamp(max=net.cfg.n_alpha - 1)[..., None])[..., 0]) * in_alpha
+    l1 = (q - b["p_alpha"]).abs().sum(-1) + b["p_other"]
+    loss = ((cfg.ce_weight * ce + cfg.l1_weight * l1) * wk).sum(-1).mean()
+    accept = (1 - 0.5 * l1.detach()).mean(0)  # expected per-position acceptance (conditional on reaching it)
+    return loss, {"loss": float(loss.detach()), "accept1": float(accept[0]),
+                  "accept_mean": float(accept.mean())}
+
+
+class DistillTrainer:
+    def __init__(self, cfg: DistillConfig, data: TeacherData | None = None) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.out_dir)
+        self.data = data or TeacherData(cfg.cache)
+        meta = self.data.meta
+        tl = meta.get("target_hidden_layers") or []
+        dcfg = DSparkConfig(target_hidden=int(meta["hidden_size"]), target_layers=len(tl),
+                            width=cfg.width, layers=cfg.layers, heads=cfg.heads,
+                            prefix_len=cfg.prefix_len, gamma_max=cfg.gamma_max,
+                            target_hash=meta.get("target_hash", ""),
+                            target_name=Path(meta.get("cache_config", {}).get("target", "")).name)
+        torch.manual_seed(cfg.seed)
+        self.net = DSparkNet(dcfg)
+        self.opt = torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, betas=(0.9, 0.98),
+                                     weight_decay=cfg.weight_decay)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.step = 0
+        self.wall = 0.0
+
+    def lr(self) -> float:
+        c = self.cfg
+        if self.step < c.warmup:
+            return c.lr * (self.step + 1) / c.warmup
+        frac = (self.step - c.warmup) / max(1, c.steps - c.warmup)
+        return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        tmp = self.out / "ckpt.pt.tmp"
+        torch.save({"net": self.net.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                    "gen": self.gen.get_state(), "wall": self.wall, "cfg": asdict(self.cfg)}, tmp)
+        os.replace(tmp, self.out / "ckpt.pt")
+
+    def resume(self) -> bool:
+        p = self.out / "ckpt.pt"
+        if not p.is_file():
+            return False
+        ck = torch.load(p, weights_only=True)
+        self.net.load_state_dict(ck["net"])
+        self.opt.load_state_dict(ck["opt"])
+        self.gen.set_state(ck["gen"])
+        self.step, self.wall = ck["step"], ck["wall"]
+        return True
+
+    def train_step(self) -> dict[str, float]:
+        c = self.cfg
+        self.net.train()
+        b = self.data.batch(c.batch, c.gamma, c.prefix_len, self.gen)
+        for g in self.opt.param_groups:
+            g["lr"] = self.lr()
+        loss, info = distill_loss(self.net, b, c)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), 1.0)
+        self.opt.step()
+        self.step += 1
+        return info
+
+    def run(self, progress: Callable[[int, int, float], None] | None = None) -> None:
+        c = self.cfg
+        t = time.time()
+        while self.step < c.steps:
+            info = self.train_step()
+            now = time.time()
+            self.wall += now - t
+            t = now
+            if self.step % c.log_every == 0 or self.step == c.steps:
+                row = {"step": self.step, **{k: round(v, 5) for k, v in info.items()},
+                       "supervised_positions": self.step * c.batch * c.gamma, "wall_s": round(self.wall, 1)}
+                self.out.mkdir(parents=True, exist_ok=True)
+                with open(self.out / "log.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+            if progress:
+                progress(self.step, c.steps, info["loss"])
+            if self.step % c.ckpt_every == 0 or self.step == c.steps:
+                self.save()
+
+    def export(self, dest: str | Path | None = None) -> Path:
+        c = self.cfg
+        self.net.cfg.training = {"seed": c.seed, "steps": self.step, "batch": c.batch, "gamma": c.gamma,
+                                 "supervised_positions": self.step * c.batch * c.gamma,
+                                 "cache": str(c.cache), "wall_s": round(self.wall, 1),
+                                 "loss": "0.1*CE + 0.9*L1(q, p~), weights exp(-(k-1)/4)"}
+        return save_drafter(self.net.eval(), dest or self.out / "drafter")

@@ -1,0 +1,602 @@
+"""The `evspark` command line as bioinformaticians use it (design/cli.md).
+
+Every input form gives the same continuation, the output files have the documented shape, an
+interrupted or partly failed run resumes to exactly the uninterrupted result, shards recombine
+byte for byte, `--help` is fast and torch-free, and `info`, `score` and `convert` work.
+
+Most runs are in-process (`evspark_cli.cli.main` with a patched argv): a subprocess pays ~2-3 s
+of torch import each time. Subprocesses are used where the process boundary is the point
+(stdin pipe, signals, `--help` speed).
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny import PHIX, SHARED, trained_tiny_dir  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ORACLE = SHARED / "oracle"
+COMMANDS = ("generate", "verify", "score", "convert", "info", "train")
+STATS_COLUMNS = ("record_id sample prompt_len new_tokens mode drafter gamma rounds tau "
+                 "acceptance_rate wall_s tokens_per_s native_wall_s native_tokens_per_s "
+                 "speedup").split()
+FAST = ["--threads", "1", "-q"]
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(args: list[str], stdin: bytes = b"") -> Result:
+    """`evspark ARGS` in this process; stdin is a real buffered byte stream (peekable)."""
+    from evspark_cli import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = sys.argv, sys.stdin
+    sys.argv = ["evspark", *map(str, args)]
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.BytesIO(stdin)), encoding="utf-8")
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv, sys.stdin = saved
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def ok(args: list[str], stdin: bytes = b"") -> Result:
+    r = run_cli(args, stdin)
+    assert r.code == 0, f"evspark {' '.join(map(str, args))} -> {r.code}\n{r.err}"
+    assert "Traceback" not in r.err
+    return r
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("EVSPARK_DEBUG", None)
+    return env
+
+
+def phix() -> str:
+    with gzip.open(PHIX, "rt") as f:
+        return "".join(line.strip() for line in f if not line.startswith(">")).upper()
+
+
+def records_text(recs: dict[str, str], width: int = 50) -> str:
+    return "".join(f">{rid} test record\n" + "\n".join(textwrap.wrap(seq, width)) + "\n"
+                   for rid, seq in recs.items())
+
+
+def split_fasta(text: str) -> dict[str, str]:
+    """Record id -> the record's exact text (header + wrapped lines), in file order."""
+    out: dict[str, str] = {}
+    for chunk in re.split(r"(?m)^(?=>)", text):
+        if chunk:
+            out[chunk[1:].split(None, 1)[0]] = chunk
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    """A tiny target trained briefly on phiX174: it writes DNA letters."""
+    import torch
+
+    torch.set_num_threads(1)
+    return trained_tiny_dir(tmp_path_factory.mktemp("model"), steps=20)
+
+
+@pytest.fixture(scope="module")
+def recs() -> dict[str, str]:
+    g = phix()
+    return {"r1": g[100:190], "r2": g[1000:1047], "r3": g[2000:2130], "r4": g[3000:3033],
+            "r5": g[4000:4071]}
+
+
+def gen(model: Path, *extra) -> list[str]:
+    return ["generate", "--model", model, *FAST, *extra]
+
+
+# ------------------------------------------------------------------------------- input forms
+
+
+def test_every_input_form_gives_the_same_continuation(tmp_path, model, recs):
+    from Bio import bgzf
+
+    two = {k: recs[k] for k in ("r1", "r2")}
+    text = records_text(two)
+    opts = ["-n", 8, "--seed", 3]
+    plain = tmp_path / "in.fa"
+    plain.write_text(text)
+    ref = ok(gen(model, plain, *opts)).out
+    assert set(split_fasta(ref)) == {"r1", "r2"}
+
+    gz = tmp_path / "in.fa.gz"
+    gz.write_bytes(gzip.compress(text.encode()))
+    assert ok(gen(model, gz, *opts)).out == ref
+
+    bg = tmp_path / "in.bgzf.gz"
+    with bgzf.BgzfWriter(str(bg), "wb") as w:
+        w.write(text.encode())
+    assert bg.read_bytes()[12:14] == b"BC"
+    assert ok(gen(model, bg, *opts)).out == ref
+    # regions through pyfaidx on the BGZF file and on the plain one
+    assert ok(gen(model, bg, "--region", "r1", "--region", "r2", *opts)).out == ref
+    assert ok(gen(model, plain, "--region", "r1", "--region", "r2", *opts)).out == ref
+
+    assert ok(gen(model, "-", *opts), stdin=text.encode()).out == ref
+    assert ok(gen(model, "-", *opts), stdin=gzip.compress(text.encode())).out == ref
+
+    a, b = tmp_path / "a.fa", tmp_path / "b.fa"
+    a.write_text(records_text({"r1": two["r1"]}))
+    b.write_text(records_text({"r2": two["r2"]}, width=13))
+    assert ok(gen(model, a, b, *opts)).out == ref
+
+    out = tmp_path / "out.fa"
+    ok(gen(model, plain, "-o", out, *opts))
+    assert out.read_text() == ref
+
+    # a sub-region continues like a record holding exactly those bases under the region's id
+    sub = tmp_path / "sub.fa"
+    sub.write_text(f">r1:11-40\n{two['r1'][10:40]}\n")
+    got = ok(gen(model, plain, "--region", "r1:11-40", *opts)).out
+    assert list(split_fasta(got)) == ["r1:11-40"]
+    assert got == ok(gen(model, sub, *opts)).out
+
+    # --prompt-tail N == a file holding only the last N bases
+    tail = tmp_path / "tail.fa"
+    tail.write_text(records_text({k: v[-20:] for k, v in two.items()}))
+    assert ok(gen(model, plain, "--prompt-tail", 20, *opts)).out == ok(gen(model, tail, *opts)).out
+    assert ok(gen(model, plain, "--prompt-tail", 20, *opts)).out != ref
+
+
+def test_stdin_through_a_real_pipe(tmp_path, model, recs):
+    plain = tmp_path / "in.fa"
+    plain.write_text(records_text({"r2": recs["r2"]}))
+    ref = ok(gen(model, plain, "-n", 6)).out
+    p = subprocess.run([sys.executable, "-m", "evspark_cli.cli", *map(str, gen(model, "-", "-n", 6))],
+                       input=gzip.compress(plain.read_bytes()), capture_output=True,
+                       env=subprocess_env(), cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stdout.decode() == ref
+    assert p.stderr == b""  # quiet: nothing on stderr when all is well
+
+
+# ------------------------------------------------------------------------------ output format
+
+
+HEADER = re.compile(r"^(?P<id>\S+) evspark model=(?P<model>\S+) drafter=(?P<drafter>\S+) "
+                    r"gamma=(?P<gamma>\d+) temperature=(?P<temperature>\S+) top_k=(?P<top_k>\d+) "
+                    r"top_p=(?P<top_p>\S+) seed=(?P<seed>\d+) new_tokens=(?P<new_tokens>\d+)$")
+
+
+def test_fasta_output_header_width_samples_and_prompt(tmp_path, model, recs):
+    from Bio import SeqIO
+
+    src = tmp_path / "in.fa"
+    src.write_text(records_text({k: recs[k] for k in ("r1", "r2")}))
+    opts = ["-n", 17, "--seed", 11, "--gamma", 5, "--temperature", 0.7, "--top-k", 3, "--top-p", 0.9,
+            "--samples", 3, "--line-width", 7, "--drafter", "kmer"]
+    out, with_prompt = tmp_path / "o.fa", tmp_path / "p.fa"
+    ok(gen(model, src, "-o", out, *opts))
+    ok(gen(model, src, "-o", with_prompt, "--include-prompt", *opts))
+
+    recs_out = list(SeqIO.parse(out, "fasta"))
+    assert [r.id for r in recs_out] == ["r1_s0", "r1_s1", "r1_s2", "r2_s0", "r2_s1", "r2_s2"]
+    for r in recs_out:
+        m = HEADER.match(r.description)
+        assert m, r.description
+        assert m["id"] == r.id
+        assert (m["model"], m["drafter"], m["gamma"], m["seed"]) == ("tiny-test", "kmer", "5", "11")
+        assert (float(m["temperature"]), int(m["top_k"]), float(m["top_p"])) == (0.7, 3, 0.9)
+        assert int(m["new_tokens"]) == len(r.seq) == 17
+        assert set(str(r.seq)) <= set("ACGTN")
+    for rid in ("r1", "r2"):  # samples differ from each other
+        assert len({str(r.seq) for r in recs_out if r.id.startswith(rid + "_")}) == 3
+
+    lines = out.read_text().splitlines()
+    for k, line in enumerate(lines):
+        if not line.startswith(">"):
+            last = k + 1 == len(lines) or lines[k + 1].startswith(">")
+            assert len(line) == 7 or (last and 0 < len(line) <= 7)
+
+    full = {r.id: str(r.seq) for r in SeqIO.parse(with_prompt, "fasta")}
+    for r in recs_out:
+        prompt = recs[r.id.split("_s")[0]]
+        assert full[r.id] == prompt + str(r.seq)
+
+    wide = ok(gen(model, src, "--line-width", 0, "-n", 70)).out
+    assert all(len(s.splitlines()) == 2 for s in split_fasta(wide).values())
+
+
+def test_stats_files_have_exactly_the_documented_columns(tmp_path, model, recs):
+    src = tmp_path / "in.fa"
+    src.write_text(records_text({k: recs[k] for k in ("r1", "r2")}))
+    tsv, jsonl, cmp_tsv = tmp_path / "s.tsv", tmp_path / "s.jsonl", tmp_path / "c.tsv"
+    ok(gen(model, src, "-n", 9, "--samples", 2, "--stats", tsv, "-o", tmp_path / "a.fa"))
+    ok(gen(model, src, "-n", 9, "--stats", jsonl, "-o", tmp_path / "b.fa"))
+    ok(gen(model, src, "-n", 9, "--stats", cmp_tsv, "--compare-native", "-o", tmp_path / "c.fa"))
+
+    lines = tsv.read_text().splitlines()
+    assert lines[0].split("\t") == STATS_COLUMNS
+    rows = [dict(zip(STATS_COLUMNS, ln.split("\t"), strict=True)) for ln in lines[1:]]
+    assert [(r["record_id"], r["sample"]) for r in rows] == [
+        ("r1_s0", "0"), ("r1_s1", "1"), ("r2_s0", "0"), ("r2_s1", "1")]
+    for r in rows:
+        assert int(r["prompt_len"]) == len(recs[r["record_id"][:2]])
+        assert int(r["new_tokens"]) == 9
+        assert r["mode"] == "speculative" and int(r["rounds"]) >= 1
+        assert 1.0 <= float(r["tau"]) <= int(r["gamma"]) + 1
+        assert 0.0 <= float(r["acceptance_rate"]) <= 1.0
+        assert float(r["wall_s"]) > 0 and float(r["tokens_per_s"]) > 0
+        assert r["native_wall_s"] == r["native_tokens_per_s"] == r["speedup"] == ""
+
+    objs = [json.loads(ln) for ln in jsonl.read_text().splitlines()]
+    assert [o["record_id"] for o in objs] == ["r1", "r2"]
+    for o in objs:
+        assert list(o) == STATS_COLUMNS
+        assert o["native_wall_s"] is None and o["native_tokens_per_s"] is None and o["speedup"] is None
+
+    lines = cmp_tsv.read_text().splitlines()
+    assert lines[0].split("\t") == STATS_COLUMNS and len(lines) == 3
+    for ln in lines[1:]:
+        r = dict(zip(STATS_COLUMNS, ln.split("\t"), strict=True))
+        assert float(r["native_wall_s"]) > 0 and float(r["native_tokens_per_s"]) > 0
+        assert float(r["speedup"]) > 0
+
+
+# ------------------------------------------------------------------- interruption and resume
+
+
+def _reference(tmp_path: Path, model: Path, src: Path, opts: list) -> tuple[bytes, bytes]:
+    ref, ref_stats = tmp_path / "ref.fa", tmp_path / "ref.tsv"
+    ok(gen(model, src, "-o", ref, "--stats", ref_stats, *opts))
+    return ref.read_bytes(), ref_stats.read_bytes()
+
+
+def _generated_ids(monkeypatch) -> list[str]:
+    """Patch the engine so that the test sees which records a run actually generates."""
+    import evspark_cli.api as api
+
+    seen: list[str] = []
+    real = api.generate
+
+    def spy(*a, **kw):
+        seen.append(kw["record_id"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(api, "generate", spy)
+    return seen
+
+
+def _check_resumed(out: Path, stats: Path, ref: bytes, ref_stats: bytes, n: int) -> None:
+    assert out.read_bytes() == ref
+    assert not Path(f"{out}.partial").exists() and not Path(f"{stats}.partial").exists()
+    lines = stats.read_text().splitlines()
+    ref_lines = ref_stats.decode().splitlines()
+    assert lines[0] == ref_lines[0] and lines.count(lines[0]) == 1 and len(lines) == n + 1
+    # identical but for the timing columns
+    keep = [i for i, c in enumerate(STATS_COLUMNS) if "wall" not in c and "per_s" not in c]
+    assert [[ln.split("\t")[i] for i in keep] for ln in lines] == \
+           [[ln.split("\t")[i] for i in keep] for ln in ref_lines]
+
+
+def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, recs, monkeypatch):
+    import evspark_cli.api as api
+
+    src = tmp_path / "in.fa"
+    src.write_text(records_text(recs))
+    opts = ["-n", 6, "--seed", 5]
+    ref, ref_stats = _reference(tmp_path, model, src, opts)
+    out, stats = tmp_path / "out.fa", tmp_path / "out.tsv"
+
+    real, calls = api.generate, []
+
+    def interrupt_third(*a, **kw):
+        calls.append(kw["record_id"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(api, "generate", interrupt_third)
+    r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
+    assert r.code == 130 and "--resume" in r.err and "Traceback" not in r.err
+    assert not out.exists() and not stats.exists()
+    assert list(split_fasta(Path(f"{out}.partial").read_text())) == ["r1", "r2"]
+    assert len(Path(f"{stats}.partial").read_text().splitlines()) == 3
+
+    # without --resume the partial is protected
+    monkeypatch.setattr(api, "generate", real)
+    r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
+    assert r.code == 2 and "--resume" in r.err
+
+    seen = _generated_ids(monkeypatch)
+    ok(gen(model, src, "-o", out, "--stats", stats, "--resume", *opts))
+    assert seen == ["r3", "r4", "r5"]  # finished records were not regenerated
+    _check_resumed(out, stats, ref, ref_stats, 5)
+
+
+_KILLER = """
+import os, signal, sys, time
+import evspark_cli.api as api
+from evspark_cli import cli
+real, calls, mode = api.generate, [], sys.argv[1]
+def patched(*a, **kw):
+    calls.append(1)
+    if len(calls) == 3:
+        if mode == "KILL":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(120)  # the parent sends SIGINT meanwhile
+    return real(*a, **kw)
+api.generate = patched
+sys.argv = ["evspark"] + sys.argv[2:]
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
+def test_signal_then_resume_equals_uninterrupted(tmp_path, model, recs, monkeypatch, how):
+    src = tmp_path / "in.fa"
+    src.write_text(records_text(recs))
+    opts = ["-n", 6, "--seed", 5]
+    ref, ref_stats = _reference(tmp_path, model, src, opts)
+    out, stats = tmp_path / "out.fa", tmp_path / "out.tsv"
+    partial = Path(f"{out}.partial")
+    args = [sys.executable, "-c", _KILLER, "KILL" if how == "SIGKILL" else "WAIT",
+            *map(str, gen(model, src, "-o", out, "--stats", stats, *opts))]
+    p = subprocess.Popen(args, env=subprocess_env(), cwd=tmp_path, stderr=subprocess.PIPE)
+    try:
+        if how == "SIGINT":
+            deadline = time.monotonic() + 90
+            while not (partial.exists() and partial.read_text().count(">") == 2):
+                assert p.poll() is None, p.stderr.read().decode()
+                assert time.monotonic() < deadline, "no record written in 90 s"
+                time.sleep(0.05)
+            p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    if how == "SIGINT":
+        assert p.returncode == 130, err.decode()
+        assert err.decode().count("evspark:") == 1 and b"Traceback" not in err
+    else:
+        assert p.returncode == -signal.SIGKILL
+    assert not out.exists()
+    assert list(split_fasta(partial.read_text())) == ["r1", "r2"]
+    if how == "SIGKILL":  # killed after r3's stats row, in the middle of its FASTA record,
+        # and in the middle of r4's row: torn tails are dropped and redone, r3's row kept once
+        with open(partial, "a") as f:
+            f.write(">r3 evspark model=tiny-test drafter=kmer\nACG")
+        with open(f"{stats}.partial", "a") as f:
+            f.write(ref_stats.decode().splitlines()[3] + "\n" + "r4\t0\t13")
+
+    seen = _generated_ids(monkeypatch)
+    ok(gen(model, src, "-o", out, "--stats", stats, "--resume", *opts))
+    assert seen == ["r3", "r4", "r5"]
+    _check_resumed(out, stats, ref, ref_stats, 5)
+
+
+@pytest.mark.parametrize("where", ["FastaOutput", "StatsOutput"])
+def test_interrupt_between_the_fasta_and_stats_writes(tmp_path, model, recs, monkeypatch, where):
+    """Whichever of the two writes of a record is interrupted, resume gives consistent files."""
+    import evspark_cli.io.writers as writers
+
+    src = tmp_path / "in.fa"
+    src.write_text(records_text(recs))
+    opts = ["-n", 6, "--seed", 5]
+    ref, ref_stats = _reference(tmp_path, model, src, opts)
+    out, stats = tmp_path / "out.fa", tmp_path / "out.tsv"
+    cls = getattr(writers, where)
+    real, calls = cls.write, []
+
+    def write(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(cls, "write", write)
+    assert run_cli(gen(model, src, "-o", out, "--stats", stats, *opts)).code == 130
+    monkeypatch.setattr(cls, "write", real)
+    ok(gen(model, src, "-o", out, "--stats", stats, "--resume", *opts))
+    _check_resumed(out, stats, ref, ref_stats, 5)
+
+
+def test_one_failing_record_keeps_the_others(tmp_path, model, recs, monkeypatch):
+    import evspark_cli.api as api
+
+    src = tmp_path / "in.fa"
+    src.write_text(records_text(recs))
+    opts = ["-n", 6, "--seed", 2]
+    ref, _ = _reference(tmp_path, model, src, opts)
+    out, stats = tmp_path / "out.fa", tmp_path / "out.tsv"
+    real = api.generate
+
+    def faulty(*a, **kw):
+        if kw["record_id"] == "r2":
+            raise RuntimeError("planted fault")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(api, "generate", faulty)
+    r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
+    assert r.code == 1 and "Traceback" not in r.err
+    assert "record 'r2' failed: planted fault" in r.err
+    assert r.err.strip().splitlines()[-1].startswith("evspark: error: 1 of 5 records failed (r2)")
+    assert not out.exists() and not stats.exists()
+    assert list(split_fasta(Path(f"{out}.partial").read_text())) == ["r1", "r3", "r4", "r5"]
+
+    monkeypatch.setattr(api, "generate", real)
+    seen = _generated_ids(monkeypatch)
+    ok(gen(model, src, "-o", out, "--stats", stats, "--resume", *opts))
+    assert seen == ["r2"]
+    got, want = split_fasta(out.read_text()), split_fasta(ref.decode())
+    assert got == want  # every record identical to the clean run (r2 now comes last)
+    assert list(got) == ["r1", "r3", "r4", "r5", "r2"]
+    assert sorted(ln.split("\t")[0] for ln in stats.read_text().splitlines()[1:]) == sorted(recs)
+
+
+# ---------------------------------------------------------------------------------- sharding
+
+
+def test_shards_cover_the_input_once_and_recombine_byte_for_byte(tmp_path, model, recs):
+    src = tmp_path / "in.fa"
+    src.write_text(records_text(recs))
+    opts = ["-n", 5, "--seed", 9, "--samples", 2]
+    whole = ok(gen(model, src, *opts)).out
+    parts = [ok(gen(model, src, "--shard", f"{i}/2", *opts)).out for i in (1, 2)]
+    ids = [list(split_fasta(p)) for p in parts]
+    assert not set(ids[0]) & set(ids[1])
+    assert sorted(ids[0] + ids[1]) == sorted(split_fasta(whole))
+    assert ids[0] == ["r1_s0", "r1_s1", "r3_s0", "r3_s1", "r5_s0", "r5_s1"]
+    merged = {**split_fasta(parts[0]), **split_fasta(parts[1])}
+    assert "".join(merged[k] for k in split_fasta(whole)) == whole
+    # a single shard of one is the whole run
+    assert ok(gen(model, src, "--shard", "1/1", *opts)).out == whole
+
+
+# ---------------------------------------------------------------------------------- --help
+
+
+def test_help_is_fast_lists_every_command_and_does_not_import_torch(tmp_path):
+    cmd = [sys.executable, "-m", "evspark_cli.cli", "--help"]
+    env = subprocess_env()
+    subprocess.run(cmd, capture_output=True, env=env, cwd=tmp_path, timeout=60)  # warm the disk cache
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    elapsed = time.perf_counter() - t0
+    assert p.returncode == 0, p.stderr
+    for c in COMMANDS:
+        assert re.search(rf"^\W*{c}\b", p.stdout, re.M), f"{c} missing from --help:\n{p.stdout}"
+    assert elapsed < 1.5, f"evspark --help took {elapsed:.2f} s"
+
+    p = subprocess.run([sys.executable, "-X", "importtime", *cmd[1:]], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=60)
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if "|" in ln}
+    assert "evspark_cli" in imported and "typer" in imported  # the log is complete
+    assert not {m for m in imported if m.split(".")[0] in ("torch", "numpy", "safetensors")}
+
+    p = subprocess.run([sys.executable, "-c", "import sys, evspark_cli.cli; "
+                        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command):
+    r = run_cli([command, "--help"])
+    assert r.code == 0 and r.err == ""
+    assert "Usage:" in r.out and command in r.out
+    assert run_cli([command, "-h"]).out == r.out
+
+
+def test_unknown_command_and_option_are_usage_errors():
+    r = run_cli(["frobnicate"])
+    assert r.code == 2 and r.err.startswith("evspark: error:") and len(r.err.splitlines()) == 1
+    r = run_cli(["generate", "x.fa", "--no-such-option"])
+    assert r.code == 2 and "--no-such-option" in r.err and len(r.err.splitlines()) == 1
+
+
+# ------------------------------------------------------------------------ info, score, convert
+
+
+def test_verify_reports_identical_greedy_runs(tmp_path, model, recs):
+    src = tmp_path / "in.fa"
+    src.write_text(records_text({k: recs[k] for k in ("r1", "r2")}))
+    report = tmp_path / "report.json"
+    r = ok(["verify", src, "--model", model, *FAST, "-n", 24, "--drafter", "kmer", "--gamma", 5,
+            "--report", report])
+    assert re.search(r"prompts=2 identical=2 ties=0 non_tie_divergences=0", r.out), r.out
+    rows = json.loads(report.read_text())["rows"]
+    assert [row["record_id"] for row in rows] == ["r1", "r2"]
+    assert all(row["divergence"] is None and row["compared"] == 24 for row in rows)
+
+
+
+def test_info(model):
+    from evspark_cli.model.checkpoint import load_model
+
+    r = ok(["info", "--model", model])
+    assert "tiny-test" in r.out and str(model) in r.out
+    m = re.search(r"parameters\s+([\d,]+)", r.out)
+    assert m and int(m[1].replace(",", "")) == load_model(model).num_parameters()
+    assert re.search(r"layer pattern\s+hcs hcm hcl attn", r.out)
+    assert "bytes per sequence" in r.out and "bytes per token" in r.out
+
+
+def test_score_tsv_and_logits(tmp_path, model, recs):
+    import torch
+    from safetensors.torch import load_file
+
+    src = tmp_path / "in.fa"
+    g = phix()
+    rnd = "".join("ACGT"[(i * 7919 + i * i * 104729) % 4] for i in range(120))
+    src.write_text(records_text({"phix": g[500:700], "r2": recs["r2"], "odd": rnd}))
+    tsv, lg = tmp_path / "s.tsv", tmp_path / "l.safetensors"
+    ok(["score", src, "--model", model, *FAST, "-o", tsv, "--logits", lg])
+    lines = tsv.read_text().splitlines()
+    assert lines[0].split("\t") == ["record_id", "length", "bits_per_nt"]
+    rows = {ln.split("\t")[0]: ln.split("\t") for ln in lines[1:]}
+    assert list(rows) == ["phix", "r2", "odd"]
+    assert int(rows["phix"][1]) == 200 and int(rows["r2"][1]) == len(recs["r2"])
+    bits = {k: float(v[2]) for k, v in rows.items()}
+    # plausible: far below uniform over 512 tokens (9 bits), around 2 bits for DNA it has seen
+    assert all(0.5 < b < 4.0 for b in bits.values()), bits
+
+    tensors = load_file(str(lg))
+    assert set(tensors) == {"phix", "r2", "odd"}
+    for rid, t in tensors.items():
+        assert t.dtype == torch.float32 and tuple(t.shape) == (int(rows[rid][1]) - 1, 512)
+        ids = torch.tensor(list({"phix": g[500:700], "r2": recs["r2"], "odd": rnd}[rid].encode()))
+        nll = -torch.log_softmax(t, -1).gather(1, ids[1:, None]).mean() / math.log(2)
+        assert abs(float(nll) - bits[rid]) < 2e-3
+
+    assert ok(["score", src, "--model", model, *FAST]).out == tsv.read_text()  # stdout default
+
+
+def test_convert_the_oracle_checkpoint(tmp_path):
+    ckpt, cfg = ORACLE / "tiny_vtx.safetensors", ORACLE / "tiny_vtx_config.json"
+    if not ckpt.is_file():
+        pytest.skip(f"oracle checkpoint not found in {ORACLE}")
+    out = tmp_path / "conv"
+    r = ok(["convert", ckpt, "--config", cfg, "-o", out])
+    assert str(out) in r.err
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    info = ok(["info", "--model", out]).out
+    assert "tiny-stripedhyena2-oracle" in info
+    assert re.search(r"layer pattern\s+hcs hcm hcl attn hcs hcm hcl attn", info)
+
+    # the converted model continues the oracle prompt greedily exactly as vortex did
+    ref = json.loads((ORACLE / "tiny_vtx_reference.json").read_text())
+    src = tmp_path / "p.fa"
+    src.write_text(f">oracle\n{ref['prompt']}\n")
+    n = 16
+    got = ok(gen(out, src, "--greedy", "--drafter", "none", "-n", n, "--line-width", 0,
+                 "--dtype", "float32", "--device", "cpu")).out.splitlines()[1]
+    tokens = ref["greedy"]["tokens"][:n]
+    want = "".join(chr(t) if chr(t).isascii() and chr(t).isalpha() else "N" for t in tokens)
+    assert got == want

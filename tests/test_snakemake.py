@@ -1,0 +1,120 @@
+"""examples/: the Snakemake scatter/gather workflow and the shell pipeline, run for real.
+
+The sharded workflow must gather exactly the records of one unsharded `evspark generate` run
+(byte for byte once sorted by id), with one stats header; the pipeline must give what
+`evspark generate --region` gives.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny import trained_tiny_dir  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+EVSPARK_CMD = f"{sys.executable} -m evspark_cli.cli"
+STATS_HEADER = ("record_id\tsample\tprompt_len\tnew_tokens\tmode\tdrafter\tgamma\trounds\ttau\t"
+                "acceptance_rate\twall_s\ttokens_per_s\tnative_wall_s\tnative_tokens_per_s\tspeedup")
+
+RECORDS = {
+    "chrA": "ATGAAACGCATTAGCACCACCATTACCACCACCATCACCATTACCACAGGTAACGGTGCGG",
+    "chrB": "GCTGACGCGTACAGGAAACACAGAAAAAAGCCCGCACCTGACAGTGCGGGCTTTTTTTTTCGACC",
+    "plasmid_1": "TTGACAGCTAGCTCAGTCCTAGGTATAATGCTAGC",
+    "contig.7": "AAGGAGGTGATCCAATGCGTAAAGGAGAAGAACTTTTCACTGGAGTTGTCCCAATTCTTGTTGAATTAGATGGT",
+}
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e["PATH"] = str(Path(sys.executable).parent) + os.pathsep + e.get("PATH", "")
+    e.pop("EVSPARK_DEBUG", None)
+    return e
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    import torch
+
+    torch.set_num_threads(1)
+    return trained_tiny_dir(tmp_path_factory.mktemp("model"), steps=20)
+
+
+def write_input(d: Path) -> Path:
+    src = d / "genomes.fa"
+    src.write_text("".join(f">{k} sample record\n{v[:40]}\n{v[40:]}\n" for k, v in RECORDS.items()))
+    return src
+
+
+def by_id(fasta: str) -> dict[str, str]:
+    return {c[1:].split(None, 1)[0]: c for c in re.split(r"(?m)^(?=>)", fasta) if c}
+
+
+def evspark(*args) -> str:
+    p = subprocess.run([sys.executable, "-m", "evspark_cli.cli", *map(str, args)], capture_output=True,
+                       text=True, env=env(), timeout=300)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+@pytest.mark.skipif(not SNAKEMAKE.is_file(), reason="snakemake is not installed next to python")
+def test_snakemake_scatter_gather_equals_an_unsharded_run(tmp_path, model):
+    src = write_input(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"input: {src}\nshards: 3\nmodel: {model}\ngamma: 4\nn_tokens: 6\nseed: 4\n"
+                   f"threads: 1\ndevice: cpu\noutdir: out\nevspark: {EVSPARK_CMD}\n")
+    p = subprocess.run([str(SNAKEMAKE), "-s", str(EXAMPLES / "Snakefile"), "--directory", str(work),
+                        "--cores", "2", "--configfile", str(cfg)],
+                       capture_output=True, text=True, env=env(), timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+    out = work / "out"
+    gathered = (out / "generated.fa").read_text()
+    whole = evspark("generate", src, "--model", model, "--gamma", 4, "-n", 6, "--seed", 4,
+                    "--threads", 1, "-q", "--device", "cpu")
+    got, want = by_id(gathered), by_id(whole)
+    assert sorted(got) == sorted(RECORDS) and len(got) == gathered.count(">")
+    assert "".join(got[k] for k in sorted(got)) == "".join(want[k] for k in sorted(want))
+
+    stats = (out / "stats.tsv").read_text().splitlines()
+    assert stats[0] == STATS_HEADER and stats.count(STATS_HEADER) == 1
+    assert sorted(ln.split("\t")[0] for ln in stats[1:]) == sorted(RECORDS)
+
+    for i in (1, 2, 3):
+        assert (out / "logs" / f"shard{i}.log").is_file()
+        bench = (out / "benchmarks" / f"shard{i}.tsv").read_text().splitlines()
+        assert bench[0].split("\t")[0] == "s" and len(bench) == 2
+        assert not (out / "shards" / f"shard{i}.fa.partial").exists()
+    # the round-robin split: records 1 and 4 in shard 1, 2 in shard 2, 3 in shard 3
+    assert list(by_id((out / "shards" / "shard1.fa").read_text())) == ["chrA", "contig.7"]
+    assert list(by_id((out / "shards" / "shard3.fa").read_text())) == ["plasmid_1"]
+
+
+def test_pipeline_script_equals_evspark_region(tmp_path, model):
+    if not shutil.which("bash"):
+        pytest.skip("bash not available")
+    src = write_input(tmp_path)
+    out = tmp_path / "cont.fa.gz"
+    e = env() | {"EVSPARK": EVSPARK_CMD, "PYTHON": sys.executable, "EVSPARK_MODEL": str(model),
+                 "N": "7"}
+    p = subprocess.run(["bash", str(EXAMPLES / "pipeline.sh"), str(src), "chrB:11-50", str(out),
+                        "--threads", "1", "--gamma", "3"], capture_output=True, text=True, env=e,
+                       timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    got = gzip.decompress(out.read_bytes()).decode()
+    want = evspark("generate", src, "--region", "chrB:11-50", "--model", model, "-n", 7, "--seed", 0,
+                   "--threads", 1, "--gamma", 3, "-q")
+    assert got == want
+    assert got.startswith(">chrB:11-50 evspark ") and "new_tokens=7" in got

@@ -1,0 +1,47 @@
+"""Tiny models for tests: random ones, and one briefly trained on phiX174 so it writes DNA."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from evspark_cli.model.checkpoint import save_model
+from evspark_cli.model.config import ModelConfig
+from evspark_cli.model.model import StripedHyena
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("EVSPARK_SHARED", ROOT.parent / "shared"))
+PHIX = SHARED / "data" / "valid" / "phiX174.fa.gz"
+
+
+def tiny_config(**kw) -> ModelConfig:
+    base = dict(model_name="tiny-test", hidden_size=32, num_layers=4, num_attention_heads=2,
+                hcs_layer_idxs=[0], hcm_layer_idxs=[1], hcl_layer_idxs=[2], attn_layer_idxs=[3],
+                hcs_filter_groups=4, hcm_filter_groups=4, hcm_filter_length=16, state_size=4,
+                inner_mlp_size=64, evo2_style_activations=False, max_seqlen=4096,
+                hidden_layers=[1, 3])
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def trained_tiny_dir(out: Path, steps: int = 60, seed: int = 0) -> Path:
+    """A tiny target trained for a few seconds on phiX174 (outputs are DNA letters)."""
+    from evspark_cli.train.pretrain import TrainConfig, Trainer
+
+    cfg = TrainConfig(out_dir=str(out / "run"), model=tiny_config().to_dict(), train=[str(PHIX)],
+                      valid=[], window=128, batch_size=8, steps=steps, lr=1e-2, warmup=5,
+                      eval_every=0, ckpt_every=10_000, seed=seed)
+    torch.manual_seed(seed)
+    tr = Trainer(cfg)
+    tr.run()
+    return tr.export(out / "model")
+
+
+def random_tiny_dir(out: Path, seed: int = 0, **kw) -> Path:
+    from evspark_cli.train.pretrain import init_weights
+
+    torch.manual_seed(seed)
+    m = StripedHyena(tiny_config(**kw))
+    init_weights(m, seed)
+    return save_model(m, out)
