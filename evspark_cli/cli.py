@@ -500,7 +500,10 @@ def train(
     config: str = typer.Option(..., "--config", help="train_config.json of the run (see "
                                "models/*/MODEL_CARD.md for the bundled recipe)."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from RUN/ckpt.pt if present."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Override the total number of steps."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Override the total number of steps "
+                                        "(the length of the cosine schedule)."),
+    stop_at: Optional[int] = typer.Option(None, "--stop-at", help="Checkpoint and stop at this step "
+                                          "(to replay a run whose budget changed on the way)."),
     export_only: bool = typer.Option(False, "--export-only", help="Only export the last checkpoint "
                                      "as a model folder."),
     export: Optional[str] = typer.Option(None, "--export", help="Model folder to export to "
@@ -528,9 +531,125 @@ def train(
             def cb(step: int, total: int, loss: float) -> None:
                 prog.update(task, completed=step, note=f"loss={loss:.3f}")
 
-            trainer.run(cb)
+            trainer.run(cb, stop_at=stop_at)
     folder = trainer.export(export)
     _say(f"evspark: exported {folder} (step {trainer.step}, {trainer.tokens_seen:,} tokens)")
+
+
+@app.command()
+@handle_errors
+def distill(
+    model_dir: Optional[str] = ModelOpt,
+    train_data: Optional[List[str]] = typer.Option(None, "--train", help="Training FASTA files or "
+                                                    "folders for the teacher cache."),
+    cache: Optional[str] = typer.Option(None, "--cache", help="Teacher-cache folder (built here if "
+                                        "it has no index.json)."),
+    out: Optional[str] = typer.Option(None, "-o", "--output", help="Drafter folder to write "
+                                      "(default MODEL/drafters/seed{SEED})."),
+    seed: int = typer.Option(0, "--seed", help="Drafter training seed."),
+    steps: int = typer.Option(3000, "--steps", help="Training steps."),
+    batch: int = typer.Option(64, "--batch", help="Anchors per step."),
+    gamma: int = typer.Option(12, "--gamma", help="Draft positions supervised per anchor."),
+    natural_windows: int = typer.Option(384, "--natural-windows", help="Natural windows in the cache."),
+    onpolicy_windows: int = typer.Option(192, "--onpolicy-windows", help="Target-generated windows."),
+    window: int = typer.Option(1024, "--window", help="Tokens per cached window."),
+    width: int = typer.Option(128, "--width", help="Drafter trunk width."),
+    layers: int = typer.Option(2, "--layers", help="Drafter trunk layers."),
+    prefix: int = typer.Option(64, "--prefix", help="Hidden-state prefix length P."),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Checkpoints and log (resumable; "
+                                          "default OUT.run)."),
+    threads: int = ThreadsOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Distil a DSpark drafter (parallel trunk + Markov head) from a target model."""
+    from .errors import InputError
+    from .model.checkpoint import default_model_dir
+    from .train.distill import CacheConfig, DistillConfig, DistillTrainer, build_cache
+
+    for name, v in (("--steps", steps), ("--batch", batch), ("--gamma", gamma), ("--window", window)):
+        if v < 1:
+            raise InputError(f"{name} must be >= 1, got {v}")
+    if gamma > 16:
+        raise InputError("--gamma must be <= 16 (the drafter's largest block)")
+    _setup_torch(threads)
+    target = Path(model_dir) if model_dir else default_model_dir()
+    cache_dir = Path(cache) if cache else target / "teacher_cache"
+    if not (cache_dir / "index.json").is_file():
+        if not train_data:
+            raise InputError(f"no teacher cache at {cache_dir}; pass --train FASTA... to build it")
+        build_cache(CacheConfig(target=str(target), out_dir=str(cache_dir), train=list(train_data),
+                                natural_windows=natural_windows, onpolicy_windows=onpolicy_windows,
+                                window=window, seed=0), log=lambda m: None if quiet else _say(m))
+    dest = Path(out) if out else target / "drafters" / f"seed{seed}"
+    cfg = DistillConfig(cache=str(cache_dir), out_dir=run_dir or f"{dest}.run", seed=seed,
+                        steps=steps, batch=batch, gamma=gamma, width=width, layers=layers,
+                        prefix_len=prefix)
+    trainer = DistillTrainer(cfg)
+    if trainer.resume():
+        _say(f"evspark: resumed drafter training at step {trainer.step}")
+    prog = _progress(steps, quiet, "distill")
+    with prog:
+        task = prog.add_task("distill", total=steps, completed=trainer.step, note="")
+        trainer.run(lambda st, tot, loss: prog.update(task, completed=st, note=f"loss={loss:.4f}"))
+    folder = trainer.export(dest)
+    _say(f"evspark: wrote drafter {folder} ({trainer.step * batch * gamma:,} supervised positions)")
+
+
+@app.command()
+@handle_errors
+def bench(
+    model_dir: Optional[str] = ModelOpt,
+    preset: str = typer.Option("quick", "--preset", help="quick (minutes) or full (the whole "
+                               "protocol: 48 prompts x 1024 tokens x 3 drafter seeds)."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="Prompt FASTA (default: the "
+                                          "48-prompt suite in ../shared/data/prompts.fa, else "
+                                          "examples/prompts.fa)."),
+    out: str = typer.Option("bench-results", "-o", "--output", help="Folder for results.json, "
+                            "report.md and plots."),
+    context_genome: Optional[str] = typer.Option(None, "--context-genome", help="FASTA whose first "
+                                                 "record provides the long-context prompts."),
+    n_prompts: Optional[int] = typer.Option(None, "--n-prompts", help="Override the preset."),
+    new_tokens: Optional[int] = typer.Option(None, "-n", "--max-new-tokens", help="Override the preset."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Drafter seeds, e.g. 0,1,2."),
+    gamma: Optional[int] = typer.Option(None, "--gamma", "-g", help="Override the preset."),
+    drafter: Optional[List[str]] = typer.Option(None, "--drafter", help="Extra drafter folder(s) "
+                                                "to benchmark."),
+    threads: int = ThreadsOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """The evaluation protocol: speedup, acceptance, losslessness and sweeps, into a report."""
+    import json
+
+    from .errors import InputError
+
+    _setup_torch(threads)
+    from .eval.bench import PRESETS, BenchConfig, bench_drafters, run_bench
+    from .model.checkpoint import load_model
+
+    if preset not in PRESETS:
+        raise InputError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    root = Path(__file__).resolve().parents[1]
+    suite = root.parent / "shared" / "data" / "prompts.fa"
+    prompt_file = prompts or str(suite if suite.is_file() else root / "examples" / "prompts.fa")
+    cfg = BenchConfig(prompts=prompt_file, preset=preset, **PRESETS[preset])
+    if n_prompts is not None:
+        cfg.n_prompts = n_prompts
+    if new_tokens is not None:
+        cfg.new_tokens = new_tokens
+    if gamma is not None:
+        cfg.gamma = gamma
+    if seeds:
+        try:
+            cfg.seeds = [int(x) for x in seeds.split(",")]
+        except ValueError:
+            raise InputError(f"--seeds must look like 0,1,2, got {seeds!r}") from None
+    cfg.context_source = context_genome or ""
+    model = load_model(model_dir, device="auto")
+    drafters = bench_drafters(model, cfg, drafter)
+    res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
+                    log=(lambda m: None) if quiet else _say)
+    head = {k: round(v["summary"]["pooled_speedup"], 3) for k, v in res["speed"].items()}
+    print(json.dumps({"out": out, "pooled_speedup": head}, indent=1))
 
 
 def main() -> None:

@@ -52,7 +52,6 @@ def decode_speculative(model: StripedHyena, prompt: list[int], max_new_tokens: i
         ids = torch.cat([torch.tensor([anchor]), drafts]).to(dev)
         snapshot = state.clone() if rollback == "replay" else None
         logits, hidden, block = model.extend(state, ids[None])
-        check_finite(logits, state.seqlen + 1, label)
         p = sampler_probs(logits[0], sampler)
         a = state.seqlen  # absolute position of the anchor; d_k sits at a + k
         if g > 0:
@@ -62,6 +61,11 @@ def decode_speculative(model: StripedHyena, prompt: list[int], max_new_tokens: i
             m = int(n)
         else:
             m, dist = 0, p[0]
+        used = logits[0, : m + 1]  # rows after the first rejection never matter, as in native decoding
+        finite = torch.isfinite(used).all(dim=-1)
+        if not bool(finite.all()):
+            bad = int((~finite).nonzero()[0])
+            check_finite(used[bad], a + 1 + bad, label)
         # the bonus token is a plain draw from p̃ (SAMPLE stream); a correction has its own stream
         u_next = rng.u(a + m + 1, Purpose.SAMPLE if m == g else Purpose.RESIDUAL)
         next_token = int(sample_from_probs(dist, u_next))

@@ -7,6 +7,8 @@ Filters run in fp32 whatever the weight dtype (Evo 2's precision policy).
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -71,16 +73,42 @@ class HyenaFilter(nn.Module):
         else:
             raise ValueError(kind)
         self.hidden = D
-        self._toeplitz: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._memo_cache: dict[tuple, Any] = {}
 
     # ------------------------------------------------------------------ filters in fp32
+    def _memo(self, name: str, sources: tuple[Tensor, ...], build: Callable[[], Any]) -> Any:
+        """Filter tensors derived from parameters, cached for inference without autograd.
+
+        The key holds each source's version counter, so any update of the weights invalidates it;
+        with autograd on (training) everything is rebuilt so gradients flow.
+        """
+        if torch.is_grad_enabled() or any(t.is_inference() for t in sources):
+            return build()
+        key = (name,) + tuple((t._version, t.data_ptr(), t.device) for t in sources)
+        hit = self._memo_cache.get(key)
+        if hit is None:
+            if len(self._memo_cache) > 64:
+                self._memo_cache.clear()
+            hit = self._memo_cache[key] = build()
+        return hit
+
+    def feat_taps(self) -> Tensor:
+        """(3D, K) featurizer taps in fp32 (cross-correlation)."""
+        w = self.short_filter_weight
+        return self._memo("feat", (w,), lambda: w[:, 0, :].float())
+
     def fir_taps(self) -> Tensor:
         """(D, K) cross-correlation taps (SE as stored; MR flipped, it is a convolution kernel)."""
-        h = self.h[:, 0, :].float().repeat_interleave(self.hidden // self.groups, dim=0)
-        return h if self.kind == "hcs" else h.flip(-1)
+
+        def build() -> Tensor:
+            h = self.h[:, 0, :].float().repeat_interleave(self.hidden // self.groups, dim=0)
+            return (h if self.kind == "hcs" else h.flip(-1)).contiguous()
+
+        return self._memo("fir", (self.h,), build)
 
     def poles(self) -> tuple[Tensor, Tensor]:
-        return self.log_poles[..., 0].float(), self.residues.float()
+        return self._memo("poles", (self.log_poles, self.residues),
+                          lambda: (self.log_poles[..., 0].float(), self.residues.float()))
 
     def li_impulse(self, n: int) -> Tensor:
         """h[d, t] = sum_s R[d, s] exp(lambda[d, s] t) for t < n, built in chunks (no D x S x L)."""
@@ -93,22 +121,16 @@ class HyenaFilter(nn.Module):
 
     def li_toeplitz(self, k: int) -> tuple[Tensor, Tensor]:
         """(p^1..p^k as (D, S, k), lower-triangular p^(j-i) as (D, S, k, k)), cached in inference."""
-        lam, _ = self.poles()
-        cacheable = not torch.is_grad_enabled() and not self.log_poles.is_inference()
-        key = (k, lam.device, self.log_poles._version if cacheable else -1, self.log_poles.data_ptr())
-        hit = self._toeplitz.get(key) if cacheable else None
-        if hit is not None:
-            return hit
-        j = torch.arange(k, device=lam.device, dtype=torch.float32)
-        diff = j[:, None] - j[None, :]
-        tri = torch.where(diff >= 0, torch.exp(lam[..., None, None] * diff.clamp(min=0)),
-                          torch.zeros((), device=lam.device))
-        powers = torch.exp(lam[..., None] * (j + 1))
-        if cacheable:
-            if len(self._toeplitz) > 32:
-                self._toeplitz.clear()
-            self._toeplitz[key] = (powers, tri)
-        return powers, tri
+
+        def build() -> tuple[Tensor, Tensor]:
+            lam, _ = self.poles()
+            j = torch.arange(k, device=lam.device, dtype=torch.float32)
+            diff = j[:, None] - j[None, :]
+            tri = torch.where(diff >= 0, torch.exp(lam[..., None, None] * diff.clamp(min=0)),
+                              torch.zeros((), device=lam.device))
+            return torch.exp(lam[..., None] * (j + 1)), tri
+
+        return self._memo(f"toeplitz{k}", (self.log_poles,), build)
 
     # ------------------------------------------------------------------ inner filter over a block
     def inner(self, w: Tensor, st: FIRWindow | ModalState | None):
@@ -172,8 +194,7 @@ class HyenaBlock(ResidualBlock):
     def mix(self, u: Tensor, st: HyenaState | None, t0: int) -> tuple[Tensor, HyenaPending | None]:
         act = u.dtype
         p = self.projections(u).transpose(1, 2).float()  # (B, 3D, k)
-        feat_w = self.filter.short_filter_weight[:, 0, :].float()
-        z, feat_pending = fir_extend(p, st.feat if st is not None else None, feat_w)
+        z, feat_pending = fir_extend(p, st.feat if st is not None else None, self.filter.feat_taps())
         z = z.to(act)
         q, k, v = z[:, 0::3], z[:, 1::3], z[:, 2::3]  # de-interleave: post-gate, pre-gate, value
         w = (k * v).float()

@@ -112,7 +112,11 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
     sampler = SamplerConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     corpus = Corpus.from_paths(cfg.train)
     gen = torch.Generator().manual_seed(cfg.seed)
-    meta = {"cache_config": asdict(cfg), "target_hash": weights_hash(cfg.target),
+    # on-policy windows: a natural prompt, then target-written tokens; a prompt that would fill the
+    # whole window (the 512 default with a short --window) falls back to half the window
+    prompt_len = cfg.onpolicy_prompt if 0 < cfg.onpolicy_prompt < cfg.window else max(1, cfg.window // 2)
+    meta = {"cache_config": asdict(cfg), "onpolicy_prompt": prompt_len,
+            "target_hash": weights_hash(cfg.target),
             "target_hidden_layers": model.config.drafter_layers, "hidden_size": model.config.hidden_size,
             "alphabet": DNA}
     t0 = time.time()
@@ -124,8 +128,8 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
                 if kind == "natural":
                     seqs = corpus.sample_windows(b, cfg.window - 1, gen)
                 else:
-                    prompts = corpus.sample_windows(b, cfg.onpolicy_prompt - 1, gen)
-                    seqs = generate_batch(model, prompts, cfg.window - cfg.onpolicy_prompt, sampler,
+                    prompts = corpus.sample_windows(b, prompt_len - 1, gen)
+                    seqs = generate_batch(model, prompts, cfg.window - prompt_len, sampler,
                                           cfg.seed, first_record=10_000 + s)
                 rows = teacher_rows(model, seqs, sampler)
                 rows["onpolicy"] = torch.full((b,), kind == "onpolicy", dtype=torch.bool)

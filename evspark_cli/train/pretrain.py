@@ -208,11 +208,13 @@ class Trainer:
             out[name] = round(bpn, 4)
         return out
 
-    def run(self, progress: Callable[[int, int, float], None] | None = None) -> list[float]:
+    def run(self, progress: Callable[[int, int, float], None] | None = None,
+            stop_at: int | None = None) -> list[float]:
         cfg = self.cfg
         losses = []
         t_last = time.time()
-        while self.step < cfg.steps:
+        end = min(cfg.steps, stop_at) if stop_at is not None else cfg.steps
+        while self.step < end:
             loss = self.train_step()
             losses.append(loss)
             now = time.time()
@@ -226,7 +228,7 @@ class Trainer:
             self.write_log(row)
             if progress:
                 progress(self.step, cfg.steps, loss)
-            if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps:
+            if self.step % cfg.ckpt_every == 0 or self.step == end:
                 self.save()
         return losses
 

@@ -62,6 +62,23 @@ class Drafter(Protocol):
         states (len(tokens), layers, D) from the verification pass."""
 
 
+def draw_on_alphabet(logits: Tensor, alphabet: Tensor, sampler, u: Tensor, vocab: int
+                     ) -> tuple[int, Tensor]:
+    """Apply the sampler transform to logits over a sorted alphabet and draw one token.
+
+    Equal to transforming the full-vocabulary logits with -inf outside the alphabet (the sampler
+    keeps the same tokens and breaks ties by the same, increasing, order), but on a 4-vector.
+    Returns (token id, q over the full vocabulary).
+    """
+    from ..sampling import sample_from_probs, sampler_probs
+
+    q_small = sampler_probs(logits, sampler)
+    i = int(sample_from_probs(q_small, u))
+    q = torch.zeros(vocab, dtype=q_small.dtype, device=q_small.device)
+    q[alphabet] = q_small
+    return int(alphabet[i]), q
+
+
 def draw(probs: Tensor, u: Tensor) -> int:
     """One inverse-CDF draw (ints only; the zero-mass guard lives in sampling.sample_from_probs)."""
     from ..sampling import sample_from_probs

@@ -14,7 +14,6 @@ work). The folder records the hash of the target weights it was distilled from.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,8 +26,8 @@ from torch import Tensor, nn
 from ...errors import ModelError
 from ...model.model import StripedHyena
 from ...model.state import InferenceState
-from ..sampling import Purpose, sample_from_probs, sampler_probs
-from .base import DraftContext, Proposal
+from ..sampling import Purpose
+from .base import DraftContext, Proposal, draw_on_alphabet
 
 DNA = [65, 67, 71, 84]  # A C G T
 
@@ -180,15 +179,12 @@ class DSparkDrafter:
         U = net.base_logits(ctx, self.valid, torch.tensor([anchor], device=ctx.device), gamma)[0]
         U = U.float()
         u = rng.u(torch.arange(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
-        V = self.cfg.vocab_size
-        full = torch.full((gamma, V), -math.inf, device=U.device)
+        markov = net.markov.float()
         drafts, qs = [], []
         prev = int(net.lut[anchor])
         for k in range(gamma):
-            z = full[k]
-            z[self.alpha] = U[k] + net.markov[k, prev].float()
-            q = sampler_probs(z, sampler)
-            tok = int(sample_from_probs(q, u[k]))
+            tok, q = draw_on_alphabet(U[k] + markov[k, prev], self.alpha, sampler, u[k],
+                                      self.cfg.vocab_size)
             drafts.append(tok)
             qs.append(q)
             prev = int(net.lut[tok])
@@ -225,7 +221,7 @@ def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: 
         raw = json.loads(cfg_path.read_text())
     except ValueError as e:
         raise ModelError(f"{cfg_path}: not valid JSON ({e})") from None
-    if raw.pop("kind", None) != "dspark":
+    if not isinstance(raw, dict) or raw.pop("kind", None) != "dspark":
         raise ModelError(f"{folder} is not a dspark drafter folder")
     try:
         cfg = DSparkConfig(**raw)
@@ -243,6 +239,9 @@ def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: 
         if cfg.target_hidden != tc.hidden_size or cfg.target_layers != len(tc.drafter_layers):
             raise ModelError(f"drafter {folder} expects a target with hidden {cfg.target_hidden} and "
                              f"{cfg.target_layers} conditioning layers")
-    net = DSparkNet(cfg)
+    try:
+        net = DSparkNet(cfg)
+    except (TypeError, ValueError, RuntimeError, IndexError) as e:  # e.g. "width": "wide"
+        raise ModelError(f"{cfg_path}: invalid drafter config ({str(e).splitlines()[0]})") from None
     check_tensors_against(net, read_safetensors(folder / "model.safetensors"), folder / "model.safetensors")
     return DSparkDrafter(net, folder)

@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from ...model.state import InferenceState
-from ..sampling import Purpose, sampler_probs
-from .base import DraftContext, Proposal, draw
+from ..sampling import Purpose
+from .base import DraftContext, Proposal, draw_on_alphabet
 
 BASES = (65, 67, 71, 84)  # A C G T
 _INDEX = {b: i for i, b in enumerate(BASES)}
@@ -62,17 +62,16 @@ class KmerDrafter:
         return p
 
     def logits(self, history: list[int]) -> Tensor:
-        out = torch.full((self.vocab,), -math.inf)
-        out[self.base_ids] = torch.tensor([math.log(max(x, 1e-12)) for x in self.probs(history)])
-        return out
+        """Log-probabilities over A, C, G, T (the drafter never proposes other tokens)."""
+        return torch.tensor([math.log(max(x, 1e-12)) for x in self.probs(history)])
 
     def propose(self, state: InferenceState, anchor: int, gamma: int) -> Proposal:
         cfg, rng = self.ctx.sampler, self.ctx.rng
         hist = self.history + [anchor]
         drafts, qs = [], []
+        u = rng.u(torch.arange(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
         for k in range(gamma):
-            q = sampler_probs(self.logits(hist), cfg)
-            tok = draw(q, rng.u(state.seqlen + k + 1, Purpose.DRAFT))
+            tok, q = draw_on_alphabet(self.logits(hist), self.base_ids, cfg, u[k], self.vocab)
             drafts.append(tok)
             qs.append(q)
             hist.append(tok)

@@ -1,0 +1,123 @@
+"""GPU check on a randomly initialised Evo-2-7B-shaped model (bf16): one prepared script.
+
+    python benchmarks/gpu_check.py --out $OUT/gpu.json            # on a CUDA machine, ~3-5 min
+    python benchmarks/gpu_check.py --small --device cpu --out /tmp/gpu.json   # logic check on CPU
+
+Measures native decoding tokens/s, identity-drafter overhead (gamma 12) and extend(k) cost for
+k = 1..16 relative to a step, plus bf16 consistency of extend(k) with k one-token steps.
+Weights are random (Evo 2 weights cannot be downloaded here), which does not change the cost.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from evspark_cli.decode.drafters.base import RngKey
+from evspark_cli.decode.drafters.identity import IdentityDrafter
+from evspark_cli.decode.native import decode_native
+from evspark_cli.decode.sampling import SamplerConfig
+from evspark_cli.decode.speculative import decode_speculative
+from evspark_cli.model.checkpoint import cast_model
+from evspark_cli.model.config import ModelConfig
+from evspark_cli.model.model import StripedHyena
+
+
+def evo2_7b_config(small: bool) -> ModelConfig:
+    n = 8 if small else 32
+    pattern = ["hcs", "hcm", "hcl", "attn"] + ["hcs", "hcm", "hcl"] * 4
+    pattern = (pattern * 3)[:n]
+    if not small:
+        pattern[-1] = "attn"
+    idx = {k: [i for i, t in enumerate(pattern) if t == k] for k in ("hcs", "hcm", "hcl", "attn")}
+    D = 256 if small else 4096
+    return ModelConfig(model_name="evo2-7b-shaped-random", hidden_size=D, num_layers=n,
+                       num_attention_heads=D // 128, hcs_layer_idxs=idx["hcs"], hcm_layer_idxs=idx["hcm"],
+                       hcl_layer_idxs=idx["hcl"], attn_layer_idxs=idx["attn"],
+                       hcs_filter_groups=D // 16, hcm_filter_groups=D // 16,
+                       inner_mlp_size=(1024 if small else 11264), max_seqlen=1 << 20,
+                       use_interpolated_rotary_pos_emb=True, rotary_emb_scaling_factor=128.0)
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, dev, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        sync(dev)
+        t = time.perf_counter()
+        fn()
+        sync(dev)
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prompt", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    cfg = evo2_7b_config(a.small)
+    with torch.device(dev):
+        model = StripedHyena(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("log_poles"):
+                p.uniform_(-0.5, -1e-3)
+            elif p.dim() >= 2:
+                p.normal_(0, 0.02)
+            elif name.endswith("scale"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0, 0.02)
+    model = cast_model(model, torch.bfloat16 if dev.type == "cuda" else torch.float32).eval()
+    res: dict = {"config": cfg.to_dict(), "parameters": model.num_parameters(), "device": str(dev),
+                 "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else None}
+    prompt = torch.randint(0, 4, (a.prompt,)).tolist()
+    prompt = [[65, 67, 71, 84][i] for i in prompt]
+    with torch.inference_mode():
+        ids = torch.tensor([prompt[:-1]], device=dev)
+        t = time.perf_counter()
+        _, _, state = model.prefill(ids, keep_last=1, reserve=4096)
+        sync(dev)
+        res["prefill_s"] = time.perf_counter() - t
+        step = timed(lambda: model.extend(state, torch.tensor([[65]], device=dev))[2].commit(1), dev, 20)
+        res["step_s"] = step
+        res["extend_ratio"] = {}
+        for k in range(1, 17):
+            blk = torch.full((1, k), 67, device=dev)
+            res["extend_ratio"][k] = timed(lambda: model.extend(state, blk), dev, 10) / step
+        # bf16 consistency: extend(8) vs 8 single steps
+        blk = torch.tensor([[65, 67, 71, 84, 65, 67, 71, 84]], device=dev)
+        lb, _, _ = model.extend(state, blk)
+        st = state
+        outs = []
+        for j in range(8):
+            lg, _, b = model.extend(st, blk[:, j: j + 1])
+            st = b.commit(1)
+            outs.append(lg)
+        res["extend_vs_steps_max_abs_logit_diff"] = float((lb - torch.cat(outs, 1)).abs().max())
+    sampler = SamplerConfig(1.0, 4, 1.0)
+    nat = decode_native(model, prompt, a.tokens, sampler, RngKey(0, 0, 0))
+    nat = decode_native(model, prompt, a.tokens, sampler, RngKey(0, 0, 0))
+    spec = decode_speculative(model, prompt, a.tokens, sampler, IdentityDrafter(), 12, RngKey(0, 0, 0))
+    res["native_tokens_per_s"] = a.tokens / nat.wall_s
+    res["identity_overhead"] = spec.wall_s / nat.wall_s
+    res["identity_equals_native"] = spec.tokens == nat.tokens
+    print(json.dumps(res, indent=1))
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

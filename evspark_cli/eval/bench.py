@@ -1,0 +1,326 @@
+"""The evaluation protocol (`evspark bench`): speed, losslessness and sweeps, as rerunnable code.
+
+Native and speculative decoding run interleaved in one process on the same prompt, warm, with the
+same threads, so a speedup is always a ratio measured side by side. Everything measured goes to
+`results.json` (raw figures, machine, versions, command); `report.md` summarises it with plots
+when matplotlib is installed (`pip install evspark[bench]`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..api import bundled_drafter_dir, drafter_name, resolve_drafter
+from ..decode.drafters.base import RngKey
+from ..decode.native import DecodeResult, decode_native
+from ..decode.sampling import SamplerConfig
+from ..decode.speculative import decode_speculative
+from ..io.fasta import Prompt, read_prompts
+from ..model.model import StripedHyena
+from .compare import compare_greedy
+
+GREEDY = SamplerConfig(1.0, 1, 1.0)
+SAMPLED = SamplerConfig(1.0, 4, 1.0)
+
+
+@dataclass
+class BenchConfig:
+    prompts: str
+    preset: str = "quick"
+    n_prompts: int = 8
+    new_tokens: int = 256
+    gamma: int = 12
+    seeds: list[int] = field(default_factory=lambda: [0])
+    baselines: list[str] = field(default_factory=lambda: ["kmer", "identity"])
+    rollback_modes: list[str] = field(default_factory=lambda: ["slice", "replay"])
+    repeats: int = 1
+    tie_tolerance: float = 1e-3
+    tvd_prompts: int = 4
+    tvd_samples: int = 32
+    tvd_tokens: int = 32
+    gamma_sweep: list[int] = field(default_factory=lambda: [4, 8, 12])
+    gamma_sweep_prompts: int = 4
+    contexts: list[int] = field(default_factory=lambda: [1024, 8192])
+    context_source: str = ""
+    context_tokens: int = 128
+    depth_tokens: int = 0  # 0 = skip the depth sweep
+    depth_window: int = 1024
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "full": dict(n_prompts=48, new_tokens=1024, seeds=[0, 1, 2], repeats=1, tvd_prompts=24,
+                 tvd_samples=64, tvd_tokens=64, gamma_sweep=[1, 2, 4, 8, 12, 16],
+                 gamma_sweep_prompts=12, contexts=[1024, 8192, 32768, 131072, 262144],
+                 context_tokens=256, depth_tokens=8192),
+}
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": sys.version.split()[0],
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "platform": platform.platform()}
+
+
+def _ids(p: Prompt) -> list[int]:
+    return list(p.seq.encode())
+
+
+def _run_pair(model: StripedHyena, p: Prompt, drafter: Any, cfg: BenchConfig, sampler: SamplerConfig,
+              rollback: str, gamma: int, key: RngKey) -> tuple[DecodeResult, DecodeResult]:
+    nat = decode_native(model, _ids(p), cfg.new_tokens, sampler, key, p.id, track_margins=True)
+    spec = decode_speculative(model, _ids(p), cfg.new_tokens, sampler, drafter, gamma, key, rollback,
+                              p.id, hidden_prefix=getattr(drafter, "prefix_len", 0))
+    return nat, spec
+
+
+def _summ(rows: list[dict]) -> dict[str, Any]:
+    nat = sum(r["native_s"] for r in rows)
+    spec = sum(r["spec_s"] for r in rows)
+    sp = sorted(r["native_s"] / r["spec_s"] for r in rows)
+    acc = sum(r["accepted"] for r in rows)
+    rounds = sum(r["rounds"] for r in rows)
+    trials = [sum(x) for x in zip(*[r["position_trials"] for r in rows])]
+    accepts = [sum(x) for x in zip(*[r["position_accepts"] for r in rows])]
+    return {"pooled_speedup": nat / spec if spec else None, "min_speedup": sp[0], "median_speedup":
+            sp[len(sp) // 2], "max_speedup": sp[-1], "tau": (acc + rounds) / rounds if rounds else None,
+            "native_s": nat, "spec_s": spec, "draft_s": sum(r["draft_s"] for r in rows),
+            "verify_s": sum(r["verify_s"] for r in rows), "rounds": rounds,
+            "native_step_s": nat / sum(r["tokens"] for r in rows),
+            "conditional_acceptance": [a / t if t else None for a, t in zip(accepts, trials)],
+            "prompts": len(rows)}
+
+
+def speed_and_greedy(model: StripedHyena, prompts: list[Prompt], drafters: dict[str, Any],
+                     cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any]:
+    """Per prompt and mode: one native run, then every drafter (and rollback) right after it.
+
+    Interleaving per prompt keeps the comparison warm and fair; each speculative run is divided
+    by the native time of the same prompt measured moments before it.
+    """
+    rows: dict[str, list[dict]] = {}
+    for mode, sampler in (("greedy", GREEDY), ("sampled", SAMPLED)):
+        for i, p in enumerate(prompts):
+            for r in range(cfg.repeats):
+                key = RngKey(0, i, r)
+                nat = decode_native(model, _ids(p), cfg.new_tokens, sampler, key, p.id,
+                                    track_margins=mode == "greedy")
+                for dname, d in drafters.items():
+                    rbs = cfg.rollback_modes if mode == "sampled" and (
+                        dname.startswith("dspark") or dname == "identity") else ["slice"]
+                    for rb in rbs:
+                        spec = decode_speculative(model, _ids(p), cfg.new_tokens, sampler, d,
+                                                  cfg.gamma, key, rb, p.id,
+                                                  hidden_prefix=getattr(d, "prefix_len", 0))
+                        row = {"prompt": p.id, "repeat": r, "tokens": len(nat.tokens),
+                               "native_s": nat.wall_s, "spec_s": spec.wall_s,
+                               "rounds": spec.rounds, "accepted": sum(spec.accepted),
+                               "draft_s": spec.draft_s, "verify_s": spec.verify_s,
+                               "position_trials": spec.position_trials,
+                               "position_accepts": spec.position_accepts, "tau": spec.tau}
+                        if mode == "greedy":
+                            row["greedy"] = compare_greedy(p.id, nat, spec, cfg.tie_tolerance)
+                        rows.setdefault(f"{dname}/{mode}/{rb}", []).append(row)
+            log(f"speed {mode} {p.id}: " + ", ".join(
+                f"{n.split('/')[0]}/{n.split('/')[2]} {v[-1]['native_s'] / v[-1]['spec_s']:.2f}x"
+                for n, v in rows.items() if f"/{mode}/" in n))
+    out = {}
+    for name, rs in rows.items():
+        s = _summ(rs)
+        out[name] = {"summary": s, "rows": rs}
+        log(f"speed {name}: pooled speedup {s['pooled_speedup']:.2f}x, tau {s['tau']:.2f}")
+    return out
+
+
+def _kmer_counts(seqs: list[list[int]], k: int) -> Counter:
+    c: Counter = Counter()
+    for s in seqs:
+        for i in range(len(s) - k + 1):
+            c[tuple(s[i: i + k])] += 1
+    return c
+
+
+def tvd_kl(a: Counter, b: Counter) -> tuple[float, float]:
+    keys = set(a) | set(b)
+    na, nb = sum(a.values()), sum(b.values())
+    tvd = 0.5 * sum(abs(a[x] / na - b[x] / nb) for x in keys)
+    kl = 0.0
+    for x in keys:  # KL(a || b) with add-0.5 smoothing
+        pa = (a[x] + 0.5) / (na + 0.5 * len(keys))
+        pb = (b[x] + 0.5) / (nb + 0.5 * len(keys))
+        kl += pa * math.log(pa / pb)
+    return tvd, kl
+
+
+def complexity(seq: str, k: int = 3) -> float:
+    """Distinct k-mers over possible ones in the prompt tail: low for repeats/low complexity."""
+    tail = seq[-256:]
+    n = max(1, len(tail) - k + 1)
+    return len({tail[i: i + k] for i in range(n)}) / min(4 ** k, n)
+
+
+def sampled_losslessness(model: StripedHyena, prompts: list[Prompt], drafter: Any, cfg: BenchConfig,
+                         log: Callable[[str], None]) -> dict[str, Any]:
+    """TVD/KL of speculative vs native samples against the native-vs-native floor at matched N."""
+    rows = []
+    for i, p in enumerate(prompts[: cfg.tvd_prompts]):
+        sets: dict[str, list[list[int]]] = {"native_a": [], "native_b": [], "spec": []}
+        for s in range(cfg.tvd_samples):
+            sets["native_a"].append(decode_native(model, _ids(p), cfg.tvd_tokens, SAMPLED,
+                                                  RngKey(1, i, s)).tokens)
+            sets["native_b"].append(decode_native(model, _ids(p), cfg.tvd_tokens, SAMPLED,
+                                                  RngKey(2, i, s)).tokens)
+            sets["spec"].append(decode_speculative(model, _ids(p), cfg.tvd_tokens, SAMPLED, drafter,
+                                                   cfg.gamma, RngKey(3, i, s),
+                                                   hidden_prefix=getattr(drafter, "prefix_len", 0)).tokens)
+        row: dict[str, Any] = {"prompt": p.id, "complexity": round(complexity(p.seq), 3)}
+        for k in (1, 3):
+            ca, cb, cs = (_kmer_counts(sets[n], k) for n in ("native_a", "native_b", "spec"))
+            row[f"tvd{k}_spec"], row[f"kl{k}_spec"] = tvd_kl(cs, ca)
+            row[f"tvd{k}_floor"], row[f"kl{k}_floor"] = tvd_kl(cb, ca)
+        rows.append(row)
+        log(f"tvd {p.id}: 3-mer spec {row['tvd3_spec']:.3f} vs floor {row['tvd3_floor']:.3f}")
+    mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+    summ = {k: mean(k) for k in rows[0] if k.startswith(("tvd", "kl"))} if rows else {}
+    return {"summary": summ, "rows": rows, "samples_per_set": cfg.tvd_samples,
+            "tokens_per_sample": cfg.tvd_tokens}
+
+
+def gamma_sweep(model: StripedHyena, prompts: list[Prompt], drafter: Any, cfg: BenchConfig,
+                log: Callable[[str], None]) -> list[dict[str, Any]]:
+    out = []
+    for g in cfg.gamma_sweep:
+        rows = []
+        for i, p in enumerate(prompts[: cfg.gamma_sweep_prompts]):
+            nat, spec = _run_pair(model, p, drafter, cfg, SAMPLED, "slice", g, RngKey(4, i, 0))
+            rows.append({"native_s": nat.wall_s, "spec_s": spec.wall_s, "rounds": spec.rounds,
+                         "accepted": sum(spec.accepted)})
+        nat_s = sum(r["native_s"] for r in rows)
+        spec_s = sum(r["spec_s"] for r in rows)
+        rounds = sum(r["rounds"] for r in rows)
+        row = {"gamma": g, "pooled_speedup": nat_s / spec_s,
+               "tau": (sum(r["accepted"] for r in rows) + rounds) / rounds}
+        log(f"gamma {g}: speedup {row['pooled_speedup']:.2f}x tau {row['tau']:.2f}")
+        out.append(row)
+    return out
+
+
+def context_sweep(model: StripedHyena, drafter: Any, cfg: BenchConfig,
+                  log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Prompts of growing length cut from a whole genome: prefill time and speedup after it."""
+    if not cfg.context_source:
+        return []
+    genome = read_prompts([cfg.context_source])[0].seq
+    out = []
+    for L in cfg.contexts:
+        if L > len(genome):
+            out.append({"context": L, "skipped": f"genome has only {len(genome)} bases"})
+            continue
+        ids = list(genome[:L].encode())
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                model.prefill(torch.tensor([ids[:-1]], device=model.device), keep_last=1, reserve=64)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()  # the prefill is asynchronous on a GPU
+            prefill_s = time.perf_counter() - t0
+            p = Prompt(f"ctx{L}", "", genome[:L], cfg.context_source)
+            c2 = BenchConfig(**{**asdict(cfg), "new_tokens": cfg.context_tokens})
+            nat, spec = _run_pair(model, p, drafter, c2, SAMPLED, "slice", cfg.gamma, RngKey(5, L, 0))
+        except MemoryError as e:
+            out.append({"context": L, "skipped": f"out of memory ({e})"})
+            continue
+        # prefill happens once inside each decoder too: subtract it to compare decoding alone
+        row = {"context": L, "prefill_s": prefill_s, "native_s": nat.wall_s, "spec_s": spec.wall_s,
+               "decode_speedup": max(nat.wall_s - prefill_s, 1e-9) / max(spec.wall_s - prefill_s, 1e-9),
+               "end_to_end_speedup": nat.wall_s / spec.wall_s, "tau": spec.tau}
+        log(f"context {L}: prefill {prefill_s:.1f}s decode speedup {row['decode_speedup']:.2f}x")
+        out.append(row)
+    return out
+
+
+def depth_sweep(model: StripedHyena, prompt: Prompt, drafter: Any, cfg: BenchConfig,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    """One long generation natively and speculatively; tau and speedup per window of tokens."""
+    if cfg.depth_tokens <= 0:
+        return {}
+    c2 = BenchConfig(**{**asdict(cfg), "new_tokens": cfg.depth_tokens})
+    nat, spec = _run_pair(model, prompt, drafter, c2, SAMPLED, "slice", cfg.gamma, RngKey(6, 0, 0))
+    windows = []
+    pos = 0
+    acc_iter = iter(zip(spec.accepted, spec.proposed))
+    emitted, rounds, accepted = 0, 0, 0
+    for a, g in acc_iter:
+        emitted += a + 1
+        rounds += 1
+        accepted += a
+        if emitted >= (pos + 1) * cfg.depth_window or emitted >= cfg.depth_tokens:
+            windows.append({"end_token": emitted, "tau": (accepted + rounds) / rounds})
+            pos += 1
+            rounds = accepted = 0
+    log(f"depth {cfg.depth_tokens}: speedup {nat.wall_s / spec.wall_s:.2f}x")
+    return {"tokens": cfg.depth_tokens, "speedup": nat.wall_s / spec.wall_s, "windows": windows,
+            "tau": spec.tau}
+
+
+def bench_drafters(model: StripedHyena, cfg: BenchConfig, extra: list[str] | None = None
+                   ) -> dict[str, Any]:
+    ds: dict[str, Any] = {}
+    for s in cfg.seeds:
+        folder = bundled_drafter_dir(model, s)
+        if folder is not None:
+            ds[f"dspark-seed{s}"] = resolve_drafter(model, folder)
+    for b in (extra or []) + cfg.baselines:
+        d = resolve_drafter(model, b)
+        name = b if b in ("kmer", "identity") else drafter_name(d)
+        if name not in ("kmer", "identity"):  # several extra folders: one entry each
+            base, i = name, 1
+            while name in ds:
+                i += 1
+                name = f"{base}-{i}"
+        ds[name] = d
+    return ds
+
+
+def run_bench(model: StripedHyena, cfg: BenchConfig, out_dir: str | Path, command: str,
+              drafters: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = read_prompts([cfg.prompts])[: cfg.n_prompts]
+    drafters = drafters or bench_drafters(model, cfg)
+    main = next((d for n, d in drafters.items() if n.startswith("dspark")), next(iter(drafters.values())))
+    t0 = time.time()
+    res: dict[str, Any] = {"command": command, "config": asdict(cfg), "machine": machine_info(),
+                           "model": model.config.model_name, "parameters": model.num_parameters(),
+                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "drafters": list(drafters)}
+    res["speed"] = speed_and_greedy(model, prompts, drafters, cfg, log)
+    res["sampled_losslessness"] = sampled_losslessness(model, prompts, main, cfg, log)
+    res["gamma_sweep"] = gamma_sweep(model, prompts, main, cfg, log)
+    res["context_sweep"] = context_sweep(model, main, cfg, log)
+    res["depth_sweep"] = depth_sweep(model, prompts[0], main, cfg, log)
+    res["wall_s"] = time.time() - t0
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    from .report import write_report
+
+    write_report(res, out)
+    return res

@@ -1,0 +1,122 @@
+"""report.md (and PNG plots when matplotlib is installed) from a bench results dict."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _f(x: Any, nd: int = 2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def speed_table(res: dict[str, Any]) -> list[str]:
+    lines = ["| drafter / mode / rollback | pooled speedup | min / median / max | tau | "
+             "verify s per round / native step s | draft s per round / native step s | "
+             "greedy non-tie divergences |",
+             "|---|---|---|---|---|---|---|"]
+    for name, v in res["speed"].items():
+        s = v["summary"]
+        step = s["native_step_s"]
+        per_round_v = s["verify_s"] / max(s["rounds"], 1) / step
+        per_round_d = s["draft_s"] / max(s["rounds"], 1) / step
+        div = "-"
+        if "/greedy/" in name:
+            div = str(sum(1 for r in v["rows"] if r["greedy"]["divergence"] is not None
+                          and not r["greedy"]["tie"]))
+            ties = sum(1 for r in v["rows"] if r["greedy"]["tie"])
+            div += f" (ties {ties})"
+        lines.append(f"| {name} | {_f(s['pooled_speedup'])}x | {_f(s['min_speedup'])} / "
+                     f"{_f(s['median_speedup'])} / {_f(s['max_speedup'])} | {_f(s['tau'])} | "
+                     f"{_f(per_round_v)} | {_f(per_round_d)} | {div} |")
+    return lines
+
+
+def write_report(res: dict[str, Any], out: Path) -> Path:
+    m = res["machine"]
+    L = [f"# EvSpark benchmark — {res['model']} ({res['parameters']:,} parameters)", "",
+         f"Date: {res['date']}. Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} "
+         f"({m['torch_threads']} threads), CUDA: {m['cuda'] or 'none'}. Wall time {res['wall_s']:.0f} s.",
+         "", f"Command: `{res['command']}`", "",
+         f"Preset `{res['config']['preset']}`: {res['config']['n_prompts']} prompts x "
+         f"{res['config']['new_tokens']} new tokens, gamma {res['config']['gamma']}; native and "
+         "speculative decoding interleaved per prompt in one process (speedup = native time / "
+         "speculative time, pooled = total / total).", "", "## Speed and greedy losslessness", ""]
+    L += speed_table(res)
+    L += ["", "Conditional acceptance per draft position (sampled, slice):", ""]
+    for name, v in res["speed"].items():
+        if "/sampled/slice" in name:
+            ca = v["summary"]["conditional_acceptance"]
+            L.append(f"- {name}: " + ", ".join(_f(x) for x in ca))
+    sl = res.get("sampled_losslessness", {})
+    if sl.get("summary"):
+        s = sl["summary"]
+        L += ["", "## Sampled losslessness (T=1, top-k 4)", "",
+              f"{len(sl['rows'])} prompts x {sl['samples_per_set']} samples x "
+              f"{sl['tokens_per_sample']} tokens per set. TVD/KL of speculative vs native A, and of "
+              "native B vs native A (the noise floor at matched N).", "",
+              "| statistic | speculative vs native | native vs native (floor) |", "|---|---|---|"]
+        for k in (1, 3):
+            L.append(f"| {k}-mer TVD | {_f(s[f'tvd{k}_spec'], 4)} | {_f(s[f'tvd{k}_floor'], 4)} |")
+            L.append(f"| {k}-mer KL | {_f(s[f'kl{k}_spec'], 4)} | {_f(s[f'kl{k}_floor'], 4)} |")
+        worst = sorted(sl["rows"], key=lambda r: r["tvd3_spec"] - r["tvd3_floor"], reverse=True)[:3]
+        L += ["", "Worst prompts (3-mer TVD above floor): " + "; ".join(
+            f"{r['prompt']} {r['tvd3_spec']:.3f} vs {r['tvd3_floor']:.3f} (complexity "
+            f"{r['complexity']:.2f})" for r in worst)]
+    if res.get("gamma_sweep"):
+        L += ["", "## Gamma sweep (sampled)", "", "| gamma | pooled speedup | tau |", "|---|---|---|"]
+        L += [f"| {r['gamma']} | {_f(r['pooled_speedup'])}x | {_f(r['tau'])} |" for r in res["gamma_sweep"]]
+    if res.get("context_sweep"):
+        L += ["", "## Context sweep (prompt cut from a whole genome)", "",
+              "| context | prefill s | decode speedup | end-to-end speedup | tau |", "|---|---|---|---|---|"]
+        for r in res["context_sweep"]:
+            if "skipped" in r:
+                L.append(f"| {r['context']} | skipped: {r['skipped']} | | | |")
+            else:
+                L.append(f"| {r['context']} | {_f(r['prefill_s'], 1)} | {_f(r['decode_speedup'])}x | "
+                         f"{_f(r['end_to_end_speedup'])}x | {_f(r['tau'])} |")
+    if res.get("depth_sweep"):
+        d = res["depth_sweep"]
+        L += ["", f"## Depth sweep: {d['tokens']} tokens, speedup {_f(d['speedup'])}x", "",
+              "tau per window: " + ", ".join(f"{w['end_token']}: {_f(w['tau'])}" for w in d["windows"])]
+    plots = _plots(res, out)
+    L += [""] + [f"![{p.stem}]({p.name})" for p in plots]
+    path = out / "report.md"
+    path.write_text("\n".join(L) + "\n")
+    return path
+
+
+def _plots(res: dict[str, Any], out: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, v in res["speed"].items():
+        if "/sampled/slice" in name:
+            ca = v["summary"]["conditional_acceptance"]
+            ax.plot(range(1, len(ca) + 1), [x or 0 for x in ca], marker="o", label=name.split("/")[0])
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("conditional acceptance")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = out / "acceptance.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    if res.get("gamma_sweep"):
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        g = res["gamma_sweep"]
+        ax.plot([r["gamma"] for r in g], [r["pooled_speedup"] for r in g], marker="o", label="speedup")
+        ax.plot([r["gamma"] for r in g], [r["tau"] for r in g], marker="s", label="tau")
+        ax.set_xlabel("gamma")
+        ax.legend()
+        fig.tight_layout()
+        p = out / "gamma.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    return paths
