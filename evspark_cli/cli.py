@@ -614,6 +614,10 @@ def bench(
     gamma: Optional[int] = typer.Option(None, "--gamma", "-g", help="Override the preset."),
     drafter: Optional[List[str]] = typer.Option(None, "--drafter", help="Extra drafter folder(s) "
                                                 "to benchmark."),
+    baselines: Optional[str] = typer.Option(None, "--baselines", help="Comma list of baseline "
+                                            "drafters (default kmer,identity; '' for none)."),
+    rollbacks: Optional[str] = typer.Option(None, "--rollbacks", help="Comma list: slice,replay."),
+    skip: Optional[str] = typer.Option(None, "--skip", help="Sections to skip: tvd,gamma,context,depth."),
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
 ) -> None:
@@ -629,7 +633,7 @@ def bench(
     if preset not in PRESETS:
         raise InputError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
     root = Path(__file__).resolve().parents[1]
-    suite = root.parent / "shared" / "data" / "prompts.fa"
+    suite = Path(os.environ.get("EVSPARK_SHARED", root.parent / "shared")) / "data" / "prompts.fa"
     prompt_file = prompts or str(suite if suite.is_file() else root / "examples" / "prompts.fa")
     cfg = BenchConfig(prompts=prompt_file, preset=preset, **PRESETS[preset])
     if n_prompts is not None:
@@ -644,6 +648,17 @@ def bench(
         except ValueError:
             raise InputError(f"--seeds must look like 0,1,2, got {seeds!r}") from None
     cfg.context_source = context_genome or ""
+    if baselines is not None:
+        cfg.baselines = [b for b in baselines.split(",") if b]
+    if rollbacks is not None:
+        cfg.rollback_modes = [r for r in rollbacks.split(",") if r]
+        if not cfg.rollback_modes or set(cfg.rollback_modes) - {"slice", "replay"}:
+            raise InputError(f"--rollbacks must list slice and/or replay, got {rollbacks!r}")
+    if skip:
+        cfg.skip = [x for x in skip.split(",") if x]
+        bad = set(cfg.skip) - {"tvd", "gamma", "context", "depth"}
+        if bad:
+            raise InputError(f"--skip: unknown section(s) {', '.join(sorted(bad))}")
     model = load_model(model_dir, device="auto")
     drafters = bench_drafters(model, cfg, drafter)
     res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 from pathlib import Path
 
@@ -219,6 +218,3 @@ def model_card_summary(folder: str | Path) -> str | None:
     card = Path(folder) / "MODEL_CARD.md"
     return card.read_text() if card.is_file() else None
 
-
-def dump_config(folder: str | Path) -> dict:
-    return json.loads((Path(folder) / CONFIG).read_text())

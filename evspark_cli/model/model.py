@@ -20,7 +20,7 @@ from .attention import AttentionBlock
 from .config import ModelConfig
 from .hyena import HyenaBlock
 from .layers import ResidualBlock, RMSNorm
-from .state import Block, InferenceState, KVState
+from .state import Block, InferenceState
 
 
 class StripedHyena(nn.Module):
@@ -120,7 +120,3 @@ class StripedHyena(nn.Module):
 def make_block(cfg: ModelConfig, layer: int) -> ResidualBlock:
     return AttentionBlock(cfg, layer) if cfg.block_type(layer) == "attn" else HyenaBlock(cfg, layer)
 
-
-def kv_capacity(state: InferenceState) -> int:
-    caps = [s.cache.capacity for s in state.layers if isinstance(s, KVState)]
-    return min(caps) if caps else 0

@@ -27,7 +27,7 @@ from ..decode.drafters.dspark import DNA, DSparkConfig, DSparkNet, save_drafter
 from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
 from ..model.checkpoint import load_model, weights_hash
 from ..model.model import StripedHyena
-from .codec import ShardReader, ShardWriter, encode
+from .codec import EncodedRows, ShardReader, ShardWriter, decode, encode
 from .corpus import Corpus
 
 
@@ -94,7 +94,8 @@ def generate_batch(model: StripedHyena, prompts: torch.Tensor, n_new: int, sampl
 
 
 @torch.inference_mode()
-def teacher_rows(model: StripedHyena, seqs: torch.Tensor, sampler: SamplerConfig) -> dict:
+def teacher_rows(model: StripedHyena, seqs: torch.Tensor, sampler: SamplerConfig,
+                 codec: str = "bf16") -> dict:
     """Teacher-forced hidden states, p̃ on the alphabet and the mass outside it, for (B, S)."""
     logits, hidden = model(seqs.to(model.device), return_hidden=True)
     p = sampler_probs(logits.float(), sampler)
@@ -102,7 +103,7 @@ def teacher_rows(model: StripedHyena, seqs: torch.Tensor, sampler: SamplerConfig
     pa = p[..., alpha]
     return {"tokens": seqs.cpu().to(torch.int16), "p_alpha": pa.cpu(),
             "p_other": (1 - pa.sum(-1)).clamp(min=0).cpu(),
-            "hidden": encode(hidden.float().cpu(), "bf16")}
+            "hidden": encode(hidden.float().cpu(), codec)}
 
 
 def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
@@ -131,7 +132,7 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
                     prompts = corpus.sample_windows(b, prompt_len - 1, gen)
                     seqs = generate_batch(model, prompts, cfg.window - prompt_len, sampler,
                                           cfg.seed, first_record=10_000 + s)
-                rows = teacher_rows(model, seqs, sampler)
+                rows = teacher_rows(model, seqs, sampler, cfg.codec)
                 rows["onpolicy"] = torch.full((b,), kind == "onpolicy", dtype=torch.bool)
                 w.append(rows)
                 done += b
@@ -159,12 +160,13 @@ class TeacherData:
         hid = parts["hidden"]
         self.h_payload = torch.cat([e.payload for e in hid])
         self.h_scale = torch.cat([e.scale for e in hid])
+        self.h_kind = hid[0].kind
         self.meta = r.metadata
         self.windows, self.seq_len = self.tokens.shape
 
     def hidden(self, w: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Decoded hidden states at (window, position) index tensors of equal shape."""
-        return self.h_payload[w, pos].float() * self.h_scale[w, pos][..., None]
+        return decode(EncodedRows(self.h_payload[w, pos], self.h_scale[w, pos], self.h_kind))
 
     def batch(self, n: int, gamma: int, P: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
         w = torch.randint(self.windows, (n,), generator=gen)

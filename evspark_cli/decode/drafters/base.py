@@ -85,6 +85,3 @@ def draw(probs: Tensor, u: Tensor) -> int:
 
     return int(sample_from_probs(probs, u))
 
-
-def empty_proposal(vocab: int) -> Proposal:
-    return Proposal(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab))
