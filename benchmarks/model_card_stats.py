@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=1_000_000, help="scored bases per file (cap)")
     ap.add_argument("--new-tokens", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--files", default="", help="comma list of validation file names to score (default all)")
+    ap.add_argument("--no-score", action="store_true", help="only the samples")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     if a.threads:
@@ -59,7 +61,10 @@ def main() -> None:
     model = load_model(a.model)
     res: dict = {"model": a.model, "parameters": model.num_parameters(), "context": a.context,
                  "bits_per_nt": {}, "samples": []}
+    wanted = set(a.files.split(",")) if a.files else None
     for f in sorted(Path(a.valid).glob("*.fa*")):
+        if a.no_score or (wanted is not None and f.name not in wanted):
+            continue
         recs = read_prompts([str(f)])
         t0 = time.time()
         total_bits = total_n = 0.0

@@ -618,6 +618,11 @@ def bench(
                                             "drafters (default kmer,identity; '' for none)."),
     rollbacks: Optional[str] = typer.Option(None, "--rollbacks", help="Comma list: slice,replay."),
     skip: Optional[str] = typer.Option(None, "--skip", help="Sections to skip: tvd,gamma,context,depth."),
+    gammas: Optional[str] = typer.Option(None, "--gammas", help="Gamma sweep, e.g. 1,2,4,8,12,16."),
+    contexts: Optional[str] = typer.Option(None, "--contexts", help="Context sweep lengths, e.g. "
+                                           "1024,8192,32768."),
+    depth: Optional[int] = typer.Option(None, "--depth", help="Depth sweep: tokens of one long "
+                                        "generation (0 = skip)."),
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
 ) -> None:
@@ -654,6 +659,15 @@ def bench(
         cfg.rollback_modes = [r for r in rollbacks.split(",") if r]
         if not cfg.rollback_modes or set(cfg.rollback_modes) - {"slice", "replay"}:
             raise InputError(f"--rollbacks must list slice and/or replay, got {rollbacks!r}")
+    try:
+        if gammas:
+            cfg.gamma_sweep = [int(x) for x in gammas.split(",")]
+        if contexts:
+            cfg.contexts = [int(x) for x in contexts.split(",")]
+    except ValueError:
+        raise InputError("--gammas and --contexts take comma-separated integers") from None
+    if depth is not None:
+        cfg.depth_tokens = depth
     if skip:
         cfg.skip = [x for x in skip.split(",") if x]
         bad = set(cfg.skip) - {"tvd", "gamma", "context", "depth"}

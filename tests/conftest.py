@@ -8,14 +8,14 @@ from typing import Callable
 import pytest
 import torch
 
-ORACLE_DIR = Path("/work/shared/oracle")
+ORACLE_DIR = Path(__import__("os").environ.get("EVSPARK_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "oracle"
 
 
 @pytest.fixture(scope="session")
 def oracle_dir() -> Path:
-    """The tiny vtx oracle (weights, config, reference tensors); tests skip when it is absent."""
+    """The tiny vtx oracle (weights, config, reference tensors); a missing oracle is a failure."""
     if not (ORACLE_DIR / "tiny_vtx_reference_tensors.safetensors").is_file():
-        pytest.skip(f"oracle files not found in {ORACLE_DIR}")
+        pytest.fail(f"oracle files not found in {ORACLE_DIR} (set EVSPARK_SHARED to the shared/ folder)")
     return ORACLE_DIR
 
 

@@ -18,7 +18,7 @@ from evspark_cli.train.corpus import (
     reverse_complement,
 )
 
-PHIX = Path("/work/shared/data/valid/phiX174.fa.gz")
+from tiny import PHIX  # noqa: E402  (../shared beside the repository)
 
 
 def write_fasta(path: Path, records: list[tuple[str, str]], gz: bool = False) -> Path:
