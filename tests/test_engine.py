@@ -388,13 +388,13 @@ def test_sibling_extend_does_not_corrupt_committed_state(models):
     seq = rand_ids(30, seed=8)
     _, _, s0 = model.prefill(seq[:, :10])
     s1 = model.extend(s0, seq[:, 10:14])[2].commit(4)  # s1 owns KV rows 10..13
+    s1_snapshot = s1.clone()
     want, _, _ = model.extend(s1.clone(), seq[:, 20:21])
     model.extend(s0, seq[:, 14:18])  # a sibling branch from s0 writes rows 10..13
     with pytest.raises(StaleBlockError):  # the guard refuses the overwritten branch
         model.extend(s1, seq[:, 20:21])
-    got, _, _ = model.extend(s1.clone() if False else s0, seq[:, 10:11])  # s0 itself stays usable
-    assert torch.isfinite(got).all()
-    del want
+    # a branch explored on a clone taken before the sibling write is unaffected
+    close(model.extend(s1_snapshot, seq[:, 20:21])[0], want, what="clone of s1")
 
 
 @pytest.mark.parametrize("name", ["stripe", "mixed"])
