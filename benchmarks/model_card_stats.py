@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from collections import Counter
 from pathlib import Path

@@ -11,7 +11,6 @@ import functools
 import hashlib
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, List, Optional

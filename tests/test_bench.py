@@ -8,9 +8,7 @@ their native-vs-native floor, the sweeps) and report.md their tables.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import math
 import shutil
@@ -22,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import PHIX, trained_tiny_dir  # noqa: E402
+from tiny import run_cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "examples" / "prompts.fa"
@@ -57,23 +56,6 @@ def model_dir(tmp_path_factory) -> Path:
     tr.run()
     tr.export(model / "drafters" / "seed0")
     return model
-
-
-def run_cli(args: list) -> tuple[int, str, str]:
-    from evspark_cli import cli
-
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv
-    sys.argv = ["evspark", *map(str, args)]
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = saved
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,7 @@ of torch import each time. Subprocesses are used where the process boundary is t
 """
 from __future__ import annotations
 
-import contextlib
 import gzip
-import io
 import json
 import math
 import os
@@ -22,13 +20,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import PHIX, SHARED, trained_tiny_dir  # noqa: E402
+from tiny import CliResult as Result, run_cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = SHARED / "oracle"
@@ -41,31 +39,6 @@ FAST = ["--threads", "1", "-q"]
 
 # ----------------------------------------------------------------------------------- helpers
 
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-
-def run_cli(args: list[str], stdin: bytes = b"") -> Result:
-    """`evspark ARGS` in this process; stdin is a real buffered byte stream (peekable)."""
-    from evspark_cli import cli
-
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv, sys.stdin
-    sys.argv = ["evspark", *map(str, args)]
-    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.BytesIO(stdin)), encoding="utf-8")
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv, sys.stdin = saved
-    return Result(code, out.getvalue(), err.getvalue())
 
 
 def ok(args: list[str], stdin: bytes = b"") -> Result:

@@ -25,6 +25,7 @@ from evspark_cli.decode.speculative import decode_speculative
 from evspark_cli.errors import RunError
 from evspark_cli.eval.compare import compare_greedy, first_divergence
 from evspark_cli.model.checkpoint import load_model, save_model
+from tiny import shared_trained_tiny  # noqa: E402
 
 GREEDY = SamplerConfig(1.0, 1, 1.0)  # what `evspark verify` uses
 GAMMAS = (1, 2, 3, 5, 8, 12)
@@ -48,14 +49,8 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def trained_dir(tmp_path_factory) -> Path:
-    """The phiX-trained tiny model, trained once per pytest session (shared with the stats tests)."""
-    from tiny import trained_tiny_dir
-
-    base = tmp_path_factory.getbasetemp() / "evspark_trained_tiny"
-    model_dir = base / "model"
-    if not (model_dir / "config.json").is_file():
-        trained_tiny_dir(base)
-    return model_dir
+    """The phiX-trained tiny model, trained once per pytest session."""
+    return shared_trained_tiny(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

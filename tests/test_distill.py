@@ -9,9 +9,7 @@
 """
 from __future__ import annotations
 
-import contextlib
 import gzip
-import io
 import json
 import shutil
 import sys
@@ -21,7 +19,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import PHIX, trained_tiny_dir  # noqa: E402
+from tiny import PHIX, run_cli, trained_tiny_dir  # noqa: E402
 
 from evspark_cli.decode.drafters.base import RngKey  # noqa: E402
 from evspark_cli.decode.native import decode_native  # noqa: E402
@@ -250,23 +248,6 @@ def test_export_is_a_loadable_drafter_stamped_with_the_target(cache, data, targe
 
 
 # ----------------------------------------------------------------------------------------- CLI
-
-
-def run_cli(args: list) -> tuple[int, str, str]:
-    from evspark_cli import cli
-
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv
-    sys.argv = ["evspark", *map(str, args)]
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = saved
-    return code, out.getvalue(), err.getvalue()
 
 
 def fasta_seqs(text: str) -> dict[str, str]:

@@ -11,9 +11,7 @@
 """
 from __future__ import annotations
 
-import contextlib
 import gzip
-import io
 import json
 import math
 import sys
@@ -34,6 +32,7 @@ from evspark_cli.decode.sampling import SamplerConfig, sampler_probs  # noqa: E4
 from evspark_cli.decode.speculative import decode_speculative  # noqa: E402
 from evspark_cli.errors import ModelError  # noqa: E402
 from evspark_cli.model.checkpoint import load_model, weights_hash  # noqa: E402
+from tiny import run_cli  # noqa: E402
 
 DNA = [65, 67, 71, 84]
 N_ID = 78
@@ -146,23 +145,6 @@ def chi2_pvalue(observed: list[float], expected: list[float]) -> float:
 
 
 # ------------------------------------------------------------------------ CLI in this process
-
-
-def run_cli(args: list) -> tuple[int, str, str]:
-    from evspark_cli import cli
-
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv
-    sys.argv = ["evspark", *map(str, args)]
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = saved
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

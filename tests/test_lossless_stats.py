@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -46,20 +45,11 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def _shared_trained_dir(tmp_path_factory) -> Path:
-    """The phiX-trained tiny model, trained once per pytest session (shared with test_decode)."""
-    from tiny import trained_tiny_dir
-
-    base = tmp_path_factory.getbasetemp() / "evspark_trained_tiny"
-    model_dir = base / "model"
-    if not (model_dir / "config.json").is_file():
-        trained_tiny_dir(base)
-    return model_dir
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    return load_model(_shared_trained_dir(tmp_path_factory))
+    from tiny import shared_trained_tiny
+
+    return load_model(shared_trained_tiny(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")

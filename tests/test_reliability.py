@@ -10,9 +10,7 @@ from the battery's actual results.
 """
 from __future__ import annotations
 
-import contextlib
 import gzip
-import io
 import json
 import os
 import pickle
@@ -32,6 +30,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import random_tiny_dir, trained_tiny_dir  # noqa: E402
+from tiny import CliResult as Result, run_cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--threads", "1", "-q"]
@@ -40,31 +39,6 @@ IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 # ----------------------------------------------------------------------------------- helpers
 
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-
-def run_cli(args: list, stdin: bytes = b"") -> Result:
-    """`evspark ARGS` in this process (fast: torch is imported once)."""
-    from evspark_cli import cli
-
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv, sys.stdin
-    sys.argv = ["evspark", *map(str, args)]
-    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.BytesIO(stdin)), encoding="utf-8")
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv, sys.stdin = saved
-    return Result(code, out.getvalue(), err.getvalue())
 
 
 def subprocess_env() -> dict[str, str]:

@@ -1,8 +1,12 @@
 """Tiny models for tests: random ones, and one briefly trained on phiX174 so it writes DNA."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -45,3 +49,37 @@ def random_tiny_dir(out: Path, seed: int = 0, **kw) -> Path:
     m = StripedHyena(tiny_config(**kw))
     init_weights(m, seed)
     return save_model(m, out)
+
+
+class CliResult(NamedTuple):
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(args: list, stdin: bytes = b"") -> CliResult:
+    """`evspark ARGS` in this process (torch imported once); stdin is a peekable byte stream."""
+    from evspark_cli import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = sys.argv, sys.stdin
+    sys.argv = ["evspark", *map(str, args)]
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.BytesIO(stdin)), encoding="utf-8")
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv, sys.stdin = saved
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def shared_trained_tiny(tmp_path_factory) -> Path:
+    """The phiX-trained tiny model, trained once per pytest session and shared by test files."""
+    base = tmp_path_factory.getbasetemp() / "evspark_trained_tiny"
+    model_dir = base / "model"
+    if not (model_dir / "config.json").is_file():
+        trained_tiny_dir(base)
+    return model_dir

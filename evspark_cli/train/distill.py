@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..decode.drafters.dspark import DNA, DSparkConfig, DSparkNet, save_drafter
 from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
