@@ -11,6 +11,15 @@ import torch
 ORACLE_DIR = Path(__import__("os").environ.get("EVSPARK_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "oracle"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tests run on one torch thread: small models are faster so, and results are reproducible."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.fixture(scope="session")
 def oracle_dir() -> Path:
     """The tiny vtx oracle (weights, config, reference tensors); a missing oracle is a failure."""

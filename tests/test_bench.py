@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import PHIX, trained_tiny_dir  # noqa: E402
@@ -30,14 +29,6 @@ TINY_QUICK = dict(n_prompts=3, new_tokens=24, gamma=4, tvd_prompts=1, tvd_sample
 SPEED_KEYS = {"dspark-seed0/greedy/slice", "dspark-seed0/sampled/slice", "dspark-seed0/sampled/replay",
               "kmer/greedy/slice", "kmer/sampled/slice",
               "identity/greedy/slice", "identity/sampled/slice", "identity/sampled/replay"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 @pytest.fixture(scope="module")

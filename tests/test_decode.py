@@ -39,14 +39,6 @@ DRAFTERS = {"identity": IdentityDrafter, "kmer": KmerDrafter}
 # ----------------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def trained_dir(tmp_path_factory) -> Path:
     """The phiX-trained tiny model, trained once per pytest session."""

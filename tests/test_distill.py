@@ -33,14 +33,6 @@ DNA = [65, 67, 71, 84]
 NATURAL, ONPOLICY, WINDOW, PROMPT = 68, 4, 128, 48  # 72 windows: two shards of <= 64 rows
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory) -> Path:
     return trained_tiny_dir(tmp_path_factory.mktemp("target"), steps=20)

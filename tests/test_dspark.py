@@ -43,14 +43,6 @@ P = 16  # hidden-state prefix of the test drafters
 # ----------------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory) -> Path:
     return trained_tiny_dir(tmp_path_factory.mktemp("target"), steps=20)

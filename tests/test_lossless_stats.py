@@ -37,14 +37,6 @@ N_SPEC = 1500
 # ----------------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     from tiny import shared_trained_tiny

@@ -14,14 +14,6 @@ from evspark_cli.train.pretrain import TrainConfig, Trainer, keep_poles_stable, 
 from tiny import PHIX, ROOT, SHARED, tiny_config
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def cfg(tmp_path: Path, steps: int = 12, **kw) -> TrainConfig:
     return TrainConfig(out_dir=str(tmp_path / "run"), model=tiny_config().to_dict(), train=[str(PHIX)],
                        valid=[], window=64, batch_size=4, steps=steps, lr=1e-2, warmup=2,
