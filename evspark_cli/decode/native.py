@@ -33,6 +33,7 @@ class DecodeResult:
     margins: list[float] = field(default_factory=list)  # native top1 - top2 logit gap per token
     position_accepts: list[int] = field(default_factory=list)  # per draft slot: times accepted
     position_trials: list[int] = field(default_factory=list)  # per draft slot: times reached
+    prefill_s: float = 0.0  # time spent in the prompt's prefill (inside wall_s)
 
     @property
     def tau(self) -> float | None:
@@ -70,6 +71,7 @@ def decode_native(model: StripedHyena, prompt: list[int], max_new_tokens: int,
     rng = rng or RngKey()
     t0 = time.perf_counter()
     state, anchor, _ = start(model, prompt, reserve=max_new_tokens + 16)
+    prefill_s = time.perf_counter() - t0
     out: list[int] = []
     margins: list[float] = []
     dev = model.device
@@ -84,4 +86,4 @@ def decode_native(model: StripedHyena, prompt: list[int], max_new_tokens: int,
         p = sampler_probs(row, sampler)
         anchor = int(sample_from_probs(p, rng.u(state.seqlen, Purpose.SAMPLE)))
         out.append(anchor)
-    return DecodeResult(out, time.perf_counter() - t0, "native", margins=margins)
+    return DecodeResult(out, time.perf_counter() - t0, "native", margins=margins, prefill_s=prefill_s)

@@ -38,9 +38,10 @@ def decode_speculative(model: StripedHyena, prompt: list[int], max_new_tokens: i
     t_start = time.perf_counter()
     state, anchor, prefill_hidden = start(model, prompt, reserve=max_new_tokens + gamma + 16,
                                           keep_hidden=hidden_prefix)
+    prefill_s = time.perf_counter() - t_start
     drafter.begin(DraftContext(model, list(prompt), sampler, rng, prefill_hidden))
     res = DecodeResult([], 0.0, "speculative", position_accepts=[0] * gamma,
-                       position_trials=[0] * gamma)
+                       position_trials=[0] * gamma, prefill_s=prefill_s)
     out = res.tokens
     dev = model.device
     while len(out) < max_new_tokens:
