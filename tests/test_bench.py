@@ -28,7 +28,7 @@ TINY_QUICK = dict(n_prompts=3, new_tokens=24, gamma=4, tvd_prompts=1, tvd_sample
                   context_tokens=16, depth_tokens=64, depth_window=16)
 SPEED_KEYS = {"dspark-seed0/greedy/slice", "dspark-seed0/sampled/slice", "dspark-seed0/sampled/replay",
               "kmer/greedy/slice", "kmer/sampled/slice",
-              "identity/greedy/slice", "identity/sampled/slice", "identity/sampled/replay"}
+              "identity/greedy/slice", "identity/sampled/slice"}
 
 
 @pytest.fixture(scope="module")
@@ -124,12 +124,19 @@ def test_results_json_has_every_section(bench_run, model_dir):
     for r in ctx[:2]:
         assert "skipped" not in r and r["prefill_s"] >= 0 and _finite_pos(r["decode_speedup"])
         assert _finite_pos(r["end_to_end_speedup"]) and r["tau"] >= 1
+        # decoding alone, both decoders from the same prefilled state
+        assert r["decode_speedup"] == pytest.approx(r["native_s"] / r["spec_s"])
+        assert _finite_pos(r["peak_rss_mib"]) and _finite_pos(r["state_mib"])
+        assert r["prefill_tok_s"] == pytest.approx(r["context"] / r["prefill_s"])
+    assert ctx[1]["state_mib"] > ctx[0]["state_mib"]  # the KV cache grows with the context
     assert "genome has only 5386 bases" in ctx[2]["skipped"]
     d = res["depth_sweep"]
     assert d["tokens"] == 64 and _finite_pos(d["speedup"]) and d["tau"] >= 1
     ends = [w["end_token"] for w in d["windows"]]
     assert len(ends) >= 2 and ends == sorted(ends) and ends[-1] == 64
     assert all(w["tau"] >= 1 for w in d["windows"])
+    assert all(_finite_pos(w["speedup"]) and _finite_pos(w["native_tok_s"]) for w in d["windows"])
+    assert [w["start_token"] for w in d["windows"]] == [0] + ends[:-1]
 
 
 def test_report_md_has_the_tables(bench_run):

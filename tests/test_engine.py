@@ -288,8 +288,8 @@ def poison(state: InferenceState) -> int:
     n = 0
     for s in state.layers:
         if isinstance(s, KVState):
-            s.cache.k[:, s.length:] = float("nan")
-            s.cache.v[:, s.length:] = float("nan")
+            s.cache.k[:, :, s.length:] = float("nan")
+            s.cache.v[:, :, s.length:] = float("nan")
             n += 1
         else:
             assert isinstance(s, HyenaState)

@@ -34,6 +34,7 @@ class DecodeResult:
     position_accepts: list[int] = field(default_factory=list)  # per draft slot: times accepted
     position_trials: list[int] = field(default_factory=list)  # per draft slot: times reached
     prefill_s: float = 0.0  # time spent in the prompt's prefill (inside wall_s)
+    progress: list[tuple[int, float]] = field(default_factory=list)  # (tokens so far, seconds)
 
     @property
     def tau(self) -> float | None:
@@ -57,6 +58,37 @@ def start(model: StripedHyena, prompt: list[int], reserve: int, keep_hidden: int
     return state, prompt[-1], (hidden[0] if keep_hidden else None)
 
 
+@dataclass
+class Prefilled:
+    """A prompt already run through the model, reusable by several decodes (each gets a clone).
+
+    Benchmarks prefill a long prompt once and decode natively and speculatively from it, so that
+    both decoders are timed on decoding alone."""
+
+    state: InferenceState
+    anchor: int
+    hidden: Tensor | None  # hidden states of the last prompt positions, for drafters
+    seconds: float
+
+    def begin(self, keep_hidden: int = 0) -> tuple[InferenceState, int, Tensor | None]:
+        hidden = None
+        if keep_hidden:
+            if self.hidden is None or self.hidden.shape[0] < min(keep_hidden, self.state.seqlen):
+                raise ValueError("this prefill kept fewer hidden states than the drafter needs")
+            hidden = self.hidden[-keep_hidden:]
+        return self.state.clone(), self.anchor, hidden
+
+
+@torch.inference_mode()
+def prefill_prompt(model: StripedHyena, prompt: list[int], reserve: int, keep_hidden: int = 0
+                   ) -> Prefilled:
+    t0 = time.perf_counter()
+    state, anchor, hidden = start(model, prompt, reserve, keep_hidden)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return Prefilled(state, anchor, hidden, time.perf_counter() - t0)
+
+
 def check_finite(logits: Tensor, position: int, label: str) -> None:
     if not bool(torch.isfinite(logits).all()):
         where = f"record '{label}', " if label else ""
@@ -66,14 +98,18 @@ def check_finite(logits: Tensor, position: int, label: str) -> None:
 @torch.inference_mode()
 def decode_native(model: StripedHyena, prompt: list[int], max_new_tokens: int,
                   sampler: SamplerConfig, rng: RngKey | None = None, label: str = "",
-                  track_margins: bool = False) -> DecodeResult:
-    """Generate `max_new_tokens` tokens one `extend(k=1)` at a time."""
+                  track_margins: bool = False, prefilled: Prefilled | None = None) -> DecodeResult:
+    """Generate `max_new_tokens` tokens one `extend(k=1)` at a time (after `prefilled` if given)."""
     rng = rng or RngKey()
     t0 = time.perf_counter()
-    state, anchor, _ = start(model, prompt, reserve=max_new_tokens + 16)
+    if prefilled is not None:
+        state, anchor, _ = prefilled.begin()
+    else:
+        state, anchor, _ = start(model, prompt, reserve=max_new_tokens + 16)
     prefill_s = time.perf_counter() - t0
     out: list[int] = []
     margins: list[float] = []
+    progress: list[tuple[int, float]] = []
     dev = model.device
     while len(out) < max_new_tokens:
         logits, _, block = model.extend(state, torch.tensor([[anchor]], device=dev))
@@ -86,4 +122,6 @@ def decode_native(model: StripedHyena, prompt: list[int], max_new_tokens: int,
         p = sampler_probs(row, sampler)
         anchor = int(sample_from_probs(p, rng.u(state.seqlen, Purpose.SAMPLE)))
         out.append(anchor)
-    return DecodeResult(out, time.perf_counter() - t0, "native", margins=margins, prefill_s=prefill_s)
+        progress.append((len(out), time.perf_counter() - t0))
+    return DecodeResult(out, time.perf_counter() - t0, "native", margins=margins, prefill_s=prefill_s,
+                        progress=progress)

@@ -201,8 +201,10 @@ def uniform(
         if position.is_floating_point() or position.is_complex():
             raise ValueError("position must be an integer tensor")
         pos = position.to(torch.int64)
-    else:
-        pos = torch.tensor(_check_key("position", position), dtype=torch.int64, device=device)
+    else:  # one number: the same arithmetic on Python ints, 10x cheaper than tensor ops
+        pos_key = _check_key("position", position)
+        unit = (_fmix_int(h + (pos_key + 1) * _GOLDEN) >> 11) * (2.0**-53)
+        return torch.tensor(unit, dtype=torch.float64, device=device)
     mixed = _fmix_tensor(_as_int64(h) + (pos + 1) * _as_int64(_GOLDEN))
     return _to_unit(mixed)
 

@@ -20,7 +20,7 @@ import torch
 from ..model.model import StripedHyena
 from .acceptance import decide
 from .drafters.base import DraftContext, Drafter, RngKey
-from .native import DecodeResult, check_finite, start
+from .native import DecodeResult, Prefilled, check_finite, start
 from .sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs
 
 ROLLBACKS = ("slice", "replay")
@@ -30,14 +30,17 @@ ROLLBACKS = ("slice", "replay")
 def decode_speculative(model: StripedHyena, prompt: list[int], max_new_tokens: int,
                        sampler: SamplerConfig, drafter: Drafter, gamma: int,
                        rng: RngKey | None = None, rollback: str = "slice", label: str = "",
-                       hidden_prefix: int = 0) -> DecodeResult:
+                       hidden_prefix: int = 0, prefilled: Prefilled | None = None) -> DecodeResult:
     """Generate `max_new_tokens` tokens with `drafter`; the output has the target's distribution."""
     if rollback not in ROLLBACKS:
         raise ValueError(f"rollback must be one of {ROLLBACKS}")
     rng = rng or RngKey()
     t_start = time.perf_counter()
-    state, anchor, prefill_hidden = start(model, prompt, reserve=max_new_tokens + gamma + 16,
-                                          keep_hidden=hidden_prefix)
+    if prefilled is not None:
+        state, anchor, prefill_hidden = prefilled.begin(hidden_prefix)
+    else:
+        state, anchor, prefill_hidden = start(model, prompt, reserve=max_new_tokens + gamma + 16,
+                                              keep_hidden=hidden_prefix)
     prefill_s = time.perf_counter() - t_start
     drafter.begin(DraftContext(model, list(prompt), sampler, rng, prefill_hidden))
     res = DecodeResult([], 0.0, "speculative", position_accepts=[0] * gamma,
@@ -88,6 +91,7 @@ def decode_speculative(model: StripedHyena, prompt: list[int], max_new_tokens: i
             res.position_accepts[k] += k < m
         res.draft_s += t1 - t0
         res.verify_s += t2 - t1
+        res.progress.append((len(out), time.perf_counter() - t_start))
     res.wall_s = time.perf_counter() - t_start
     return res
 

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import resource
 import sys
 import time
 from collections import Counter
@@ -22,7 +23,7 @@ import torch
 
 from ..api import bundled_drafter_dir, drafter_name, resolve_drafter
 from ..decode.drafters.base import RngKey
-from ..decode.native import DecodeResult, decode_native
+from ..decode.native import DecodeResult, Prefilled, decode_native, prefill_prompt
 from ..decode.sampling import SamplerConfig
 from ..decode.speculative import decode_speculative
 from ..io.fasta import Prompt, read_prompts
@@ -61,9 +62,9 @@ class BenchConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "full": dict(n_prompts=48, new_tokens=1024, seeds=[0, 1, 2], repeats=1, tvd_prompts=24,
-                 tvd_samples=64, tvd_tokens=64, gamma_sweep=[1, 2, 4, 8, 12, 16],
+                 tvd_samples=32, tvd_tokens=48, gamma_sweep=[1, 2, 4, 8, 12, 16],
                  gamma_sweep_prompts=12, contexts=[1024, 8192, 32768, 131072, 262144],
-                 context_tokens=256, depth_tokens=8192),
+                 context_tokens=256, depth_tokens=32768),
 }
 
 
@@ -120,7 +121,7 @@ def speed_and_greedy(model: StripedHyena, prompts: list[Prompt], drafters: dict[
     """
     rows: dict[str, list[dict]] = {}
     first_dspark = next((n for n in drafters if n.startswith("dspark")), None)
-    replay_for = {first_dspark, "identity"}  # the replay baseline once per drafter family
+    replay_for = {first_dspark}  # the snapshot-and-replay baseline for the main drafter
     for mode, sampler in (("greedy", GREEDY), ("sampled", SAMPLED)):
         for i, p in enumerate(prompts):
             for r in range(cfg.repeats):
@@ -185,16 +186,18 @@ def sampled_losslessness(model: StripedHyena, prompts: list[Prompt], drafter: An
                          log: Callable[[str], None]) -> dict[str, Any]:
     """TVD/KL of speculative vs native samples against the native-vs-native floor at matched N."""
     rows = []
+    prefix = getattr(drafter, "prefix_len", 0)
     for i, p in enumerate(prompts[: cfg.tvd_prompts]):
         sets: dict[str, list[list[int]]] = {"native_a": [], "native_b": [], "spec": []}
+        pf = prefill_prompt(model, _ids(p), cfg.tvd_tokens + cfg.gamma + 16, prefix)  # shared
         for s in range(cfg.tvd_samples):
             sets["native_a"].append(decode_native(model, _ids(p), cfg.tvd_tokens, SAMPLED,
-                                                  RngKey(1, i, s)).tokens)
+                                                  RngKey(1, i, s), prefilled=pf).tokens)
             sets["native_b"].append(decode_native(model, _ids(p), cfg.tvd_tokens, SAMPLED,
-                                                  RngKey(2, i, s)).tokens)
+                                                  RngKey(2, i, s), prefilled=pf).tokens)
             sets["spec"].append(decode_speculative(model, _ids(p), cfg.tvd_tokens, SAMPLED, drafter,
-                                                   cfg.gamma, RngKey(3, i, s),
-                                                   hidden_prefix=getattr(drafter, "prefix_len", 0)).tokens)
+                                                   cfg.gamma, RngKey(3, i, s), hidden_prefix=prefix,
+                                                   prefilled=pf).tokens)
         row: dict[str, Any] = {"prompt": p.id, "complexity": round(complexity(p.seq), 3)}
         for k in (1, 3):
             ca, cb, cs = (_kmer_counts(sets[n], k) for n in ("native_a", "native_b", "spec"))
@@ -227,36 +230,51 @@ def gamma_sweep(model: StripedHyena, prompts: list[Prompt], drafter: Any, cfg: B
     return out
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
+
+
 def context_sweep(model: StripedHyena, drafter: Any, cfg: BenchConfig,
                   log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Prompts of growing length cut from a whole genome: prefill time and speedup after it."""
+    """Prompts of growing length cut from a whole genome: prefill cost, then decoding speed.
+
+    Each prompt is prefilled once (timed, with the process's peak memory after it); native and
+    speculative decoding then both start from clones of that state, so the speedup is decoding
+    alone, measured side by side.
+    """
     if not cfg.context_source:
         return []
     genome = read_prompts([cfg.context_source])[0].seq
+    prefix = getattr(drafter, "prefix_len", 0)
     out = []
     for L in cfg.contexts:
         if L > len(genome):
             out.append({"context": L, "skipped": f"genome has only {len(genome)} bases"})
             continue
         ids = list(genome[:L].encode())
-        t0 = time.perf_counter()
         try:
-            with torch.inference_mode():
-                model.prefill(torch.tensor([ids[:-1]], device=model.device), keep_last=1, reserve=64)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()  # the prefill is asynchronous on a GPU
-            prefill_s = time.perf_counter() - t0
-            p = Prompt(f"ctx{L}", "", genome[:L], cfg.context_source)
-            c2 = BenchConfig(**{**asdict(cfg), "new_tokens": cfg.context_tokens})
-            nat, spec = _run_pair(model, p, drafter, c2, SAMPLED, "slice", cfg.gamma, RngKey(5, L, 0))
-        except MemoryError as e:
-            out.append({"context": L, "skipped": f"out of memory ({e})"})
+            pf: Prefilled = prefill_prompt(model, ids, cfg.context_tokens + cfg.gamma + 16, prefix)
+            rss = peak_rss_mib()
+            key = RngKey(5, L, 0)
+            nat = decode_native(model, ids, cfg.context_tokens, SAMPLED, key, prefilled=pf)
+            spec = decode_speculative(model, ids, cfg.context_tokens, SAMPLED, drafter, cfg.gamma,
+                                      key, "slice", f"ctx{L}", prefix, prefilled=pf)
+        except (MemoryError, RuntimeError) as e:  # torch reports allocation failures as either
+            out.append({"context": L, "skipped": f"failed: {str(e).splitlines()[0][:200]}"})
+            log(f"context {L}: {out[-1]['skipped']}")
             continue
-        # each decoder times its own prefill: decoding alone is wall time minus that
-        row = {"context": L, "prefill_s": prefill_s, "native_s": nat.wall_s, "spec_s": spec.wall_s,
-               "decode_speedup": (nat.wall_s - nat.prefill_s) / max(spec.wall_s - spec.prefill_s, 1e-9),
-               "end_to_end_speedup": nat.wall_s / spec.wall_s, "tau": spec.tau}
-        log(f"context {L}: prefill {prefill_s:.1f}s decode speedup {row['decode_speedup']:.2f}x")
+        row = {"context": L, "prefill_s": pf.seconds, "prefill_tok_s": L / pf.seconds,
+               "peak_rss_mib": rss, "state_mib": pf.state.nbytes()["total"] / 2**20,
+               "native_s": nat.wall_s, "spec_s": spec.wall_s, "tokens": cfg.context_tokens,
+               "native_tok_s": cfg.context_tokens / nat.wall_s,
+               "decode_speedup": nat.wall_s / spec.wall_s, "tau": spec.tau,
+               "end_to_end_speedup": (pf.seconds + nat.wall_s) / (pf.seconds + spec.wall_s)}
+        del pf
+        log(f"context {L}: prefill {row['prefill_s']:.1f}s (peak RSS {rss:.0f} MiB), native "
+            f"{row['native_tok_s']:.0f} tok/s, decode speedup {row['decode_speedup']:.2f}x "
+            f"tau {spec.tau:.2f}")
         out.append(row)
     return out
 
@@ -269,20 +287,35 @@ def depth_sweep(model: StripedHyena, prompt: Prompt, drafter: Any, cfg: BenchCon
     c2 = BenchConfig(**{**asdict(cfg), "new_tokens": cfg.depth_tokens})
     nat, spec = _run_pair(model, prompt, drafter, c2, SAMPLED, "slice", cfg.gamma, RngKey(6, 0, 0))
     windows = []
-    pos = 0
-    acc_iter = iter(zip(spec.accepted, spec.proposed))
-    emitted, rounds, accepted = 0, 0, 0
-    for a, g in acc_iter:
-        emitted += a + 1
-        rounds += 1
-        accepted += a
-        if emitted >= (pos + 1) * cfg.depth_window or emitted >= cfg.depth_tokens:
-            windows.append({"end_token": emitted, "tau": (accepted + rounds) / rounds})
-            pos += 1
-            rounds = accepted = 0
-    log(f"depth {cfg.depth_tokens}: speedup {nat.wall_s / spec.wall_s:.2f}x")
-    return {"tokens": cfg.depth_tokens, "speedup": nat.wall_s / spec.wall_s, "windows": windows,
-            "tau": spec.tau}
+    edges = list(range(cfg.depth_window, cfg.depth_tokens, cfg.depth_window)) + [cfg.depth_tokens]
+    start = 0
+    for end in edges:
+        t_nat = time_to(nat, end) - time_to(nat, start)
+        t_spec = time_to(spec, end) - time_to(spec, start)
+        rounds = [(a, n) for a, n in zip(spec.accepted, _round_ends(spec)) if start < n <= end]
+        tau = (sum(a for a, _ in rounds) + len(rounds)) / len(rounds) if rounds else None
+        windows.append({"start_token": start, "end_token": end, "tau": tau,
+                        "speedup": t_nat / t_spec if t_spec > 0 else None,
+                        "native_tok_s": (end - start) / t_nat if t_nat > 0 else None})
+        start = end
+    log(f"depth {cfg.depth_tokens}: speedup {nat.wall_s / spec.wall_s:.2f}x, tau {spec.tau:.2f}")
+    return {"tokens": cfg.depth_tokens, "window": cfg.depth_window, "prompt": prompt.id,
+            "speedup": nat.wall_s / spec.wall_s, "windows": windows, "tau": spec.tau,
+            "native_s": nat.wall_s, "spec_s": spec.wall_s}
+
+
+def _round_ends(res: DecodeResult) -> list[int]:
+    return [n for n, _ in res.progress]
+
+
+def time_to(res: DecodeResult, n: int) -> float:
+    """Seconds (from the decoder's start) until at least n tokens had been emitted; 0 for n = 0."""
+    if n <= 0:
+        return res.prefill_s
+    for done, t in res.progress:
+        if done >= n:
+            return t
+    return res.wall_s
 
 
 def bench_drafters(model: StripedHyena, cfg: BenchConfig, extra: list[str] | None = None

@@ -67,17 +67,26 @@ def write_report(res: dict[str, Any], out: Path) -> Path:
         L += [f"| {r['gamma']} | {_f(r['pooled_speedup'])}x | {_f(r['tau'])} |" for r in res["gamma_sweep"]]
     if res.get("context_sweep"):
         L += ["", "## Context sweep (prompt cut from a whole genome)", "",
-              "| context | prefill s | decode speedup | end-to-end speedup | tau |", "|---|---|---|---|---|"]
+              "Each prompt is prefilled once; native and speculative decoding then start from copies "
+              "of that state, so the decode speedup is decoding alone. Peak RSS is the process's "
+              "peak so far (contexts run in increasing order).", "",
+              "| context | prefill s | prefill tok/s | peak RSS MiB | state MiB | native tok/s | "
+              "decode speedup | end-to-end speedup | tau |", "|---|---|---|---|---|---|---|---|---|"]
         for r in res["context_sweep"]:
             if "skipped" in r:
-                L.append(f"| {r['context']} | skipped: {r['skipped']} | | | |")
+                L.append(f"| {r['context']} | skipped: {r['skipped']} | | | | | | | |")
             else:
-                L.append(f"| {r['context']} | {_f(r['prefill_s'], 1)} | {_f(r['decode_speedup'])}x | "
+                L.append(f"| {r['context']} | {_f(r['prefill_s'], 1)} | {_f(r.get('prefill_tok_s'), 0)} | "
+                         f"{_f(r.get('peak_rss_mib'), 0)} | {_f(r.get('state_mib'), 1)} | "
+                         f"{_f(r.get('native_tok_s'), 0)} | {_f(r['decode_speedup'])}x | "
                          f"{_f(r['end_to_end_speedup'])}x | {_f(r['tau'])} |")
     if res.get("depth_sweep"):
         d = res["depth_sweep"]
-        L += ["", f"## Depth sweep: {d['tokens']} tokens, speedup {_f(d['speedup'])}x", "",
-              "tau per window: " + ", ".join(f"{w['end_token']}: {_f(w['tau'])}" for w in d["windows"])]
+        L += ["", f"## Depth sweep: {d['tokens']} tokens, speedup {_f(d['speedup'])}x, "
+              f"tau {_f(d.get('tau'))}", "",
+              "| tokens | speedup | tau | native tok/s |", "|---|---|---|---|"]
+        L += [f"| {w.get('start_token', '')}-{w['end_token']} | {_f(w.get('speedup'))}x | "
+              f"{_f(w['tau'])} | {_f(w.get('native_tok_s'), 0)} |" for w in d["windows"]]
     plots = _plots(res, out)
     L += [""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = out / "report.md"

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .layers import ResidualBlock
+from .layers import Derived, ResidualBlock
 from .state import FIRPending, FIRWindow, HyenaPending, HyenaState, ModalPending, ModalState
 
 SHORT_BLOCK = 64  # LI blocks up to this length compute per-position states with a k x k product
@@ -29,6 +29,8 @@ def depthwise_causal_conv(widened: Tensor, weight: Tensor) -> Tensor:
     C, K = weight.shape
     n = widened.shape[-1]
     k = n - K + 1
+    if k == 1:  # a decode step: one dot product per channel
+        return (widened * weight).sum(-1, keepdim=True)
     if k * K <= 4096 or K <= 8:
         if K <= 8 or k <= 4:
             win = widened.unfold(-1, K, 1)  # (B, C, k, K)
@@ -73,24 +75,11 @@ class HyenaFilter(nn.Module):
         else:
             raise ValueError(kind)
         self.hidden = D
-        self._memo_cache: dict[tuple, Any] = {}
+        self._derived = Derived()
 
     # ------------------------------------------------------------------ filters in fp32
     def _memo(self, name: str, sources: tuple[Tensor, ...], build: Callable[[], Any]) -> Any:
-        """Filter tensors derived from parameters, cached for inference without autograd.
-
-        The key holds each source's version counter, so any update of the weights invalidates it;
-        with autograd on (training) everything is rebuilt so gradients flow.
-        """
-        if torch.is_grad_enabled() or any(t.is_inference() for t in sources):
-            return build()
-        key = (name,) + tuple((t._version, t.data_ptr(), t.device) for t in sources)
-        hit = self._memo_cache.get(key)
-        if hit is None:
-            if len(self._memo_cache) > 64:
-                self._memo_cache.clear()
-            hit = self._memo_cache[key] = build()
-        return hit
+        return self._derived.get(name, sources, build)
 
     def feat_taps(self) -> Tensor:
         """(3D, K) featurizer taps in fp32 (cross-correlation)."""
@@ -111,13 +100,19 @@ class HyenaFilter(nn.Module):
                           lambda: (self.log_poles[..., 0].float(), self.residues.float()))
 
     def li_impulse(self, n: int) -> Tensor:
-        """h[d, t] = sum_s R[d, s] exp(lambda[d, s] t) for t < n, built in chunks (no D x S x L)."""
-        lam, R = self.poles()
-        out = []
-        for s in range(0, n, 4096):
-            t = torch.arange(s, min(n, s + 4096), device=lam.device, dtype=torch.float32)
-            out.append(torch.einsum("ds,dst->dt", R, torch.exp(lam[..., None] * t)))
-        return torch.cat(out, dim=-1)
+        """h[d, t] = sum_s R[d, s] exp(lambda[d, s] t) for t < n, built in chunks (no D x S x L).
+
+        Cached in inference: every prefill chunk of the same length reuses it."""
+
+        def build() -> Tensor:
+            lam, R = self.poles()
+            out = []
+            for s in range(0, n, 4096):
+                t = torch.arange(s, min(n, s + 4096), device=lam.device, dtype=torch.float32)
+                out.append(torch.einsum("ds,dst->dt", R, torch.exp(lam[..., None] * t)))
+            return torch.cat(out, dim=-1)
+
+        return self._memo(f"impulse{n}", (self.log_poles, self.residues), build)
 
     def li_toeplitz(self, k: int) -> tuple[Tensor, Tensor]:
         """(p^1..p^k as (D, S, k), lower-triangular p^(j-i) as (D, S, k, k)), cached in inference."""
@@ -146,6 +141,11 @@ class HyenaFilter(nn.Module):
         lam, R = self.poles()
         k = w.shape[-1]
         Dskip = self.D.float()[:, None] * w
+        if k == 1 and st is not None:  # a decode step: sigma_1 = p sigma_0 + w_1
+            p1 = self._memo("p1", (self.log_poles,), lambda: torch.exp(lam))
+            sigma = torch.addcmul(w, p1, st.sigma)  # (B, D, 1) + (D, S) * (B, D, S)
+            c = (sigma * R).sum(-1, keepdim=True) + Dskip
+            return c, ModalPending(sigma[..., None], None, None, None)
         if k <= SHORT_BLOCK:
             powers, tri = self.li_toeplitz(k)
             sigmas = torch.einsum("dsji,bdi->bdsj", tri, w)
@@ -161,7 +161,8 @@ class HyenaFilter(nn.Module):
         c = c + Dskip
         pending = None
         if st is not None:
-            c = c + self._decayed_state_output(st.sigma, lam, R, k)
+            if bool(st.sigma.any()):  # a prompt's first chunk starts from zeros: nothing decays
+                c = c + self._decayed_state_output(st.sigma, lam, R, k)
             pending = ModalPending(None, st.sigma, w, lam)
         return c, pending
 

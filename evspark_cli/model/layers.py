@@ -1,11 +1,35 @@
 """Shared pieces of every block: RMSNorm, gated MLP, and the pre-norm residual wrapper."""
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+
+
+class Derived:
+    """Tensors derived from parameters (fused weights, fp32 filter taps), cached for inference.
+
+    The key holds each source's version counter and storage, so any update of the weights
+    invalidates it; with autograd on (training) everything is rebuilt so gradients flow.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple, Any] = {}
+
+    def get(self, name: str, sources: tuple[Tensor, ...], build: Callable[[], Any]) -> Any:
+        if torch.is_grad_enabled() or any(t.is_inference() for t in sources):
+            return build()
+        key = (name,) + tuple((t._version, t.data_ptr(), t.device, t.dtype) for t in sources)
+        hit = self._cache.get(key)
+        if hit is None:
+            if len(self._cache) > 64:
+                self._cache.clear()
+            hit = self._cache[key] = build()
+        return hit
 
 
 class RMSNorm(nn.Module):
@@ -31,10 +55,16 @@ class GatedMLP(nn.Module):
         self.l2 = nn.Linear(D, Fdim, bias=False)
         self.l3 = nn.Linear(Fdim, D, bias=False)
         self.gelu = layer == 0 or not cfg.evo2_style_activations
+        self._derived = Derived()
 
     def forward(self, x: Tensor) -> Tensor:
-        a = self.l1(x)
-        return self.l3((F.gelu(a) if self.gelu else a) * self.l2(x))
+        if x.shape[-2] == 1 and not torch.is_grad_enabled():  # decode: one fused [l1; l2] matvec
+            w = self._derived.get("l12", (self.l1.weight, self.l2.weight),
+                                  lambda: torch.cat([self.l1.weight, self.l2.weight]))
+            a, b = F.linear(x, w).chunk(2, dim=-1)
+        else:
+            a, b = self.l1(x), self.l2(x)
+        return self.l3((F.gelu(a) if self.gelu else a) * b)
 
 
 class ResidualBlock(nn.Module):
