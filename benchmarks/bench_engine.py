@@ -1,9 +1,15 @@
 #!/usr/bin/env python
 """Engine micro-benchmarks on CPU: decode step, extend(k), commit(j), snapshot-and-replay,
-prefill throughput and state size, for a ~10M-parameter StripedHyena 2 with Evo 2's stripe.
+prefill throughput and state size, for a model folder (e.g. the bundled target) or a randomly
+initialised ~10M-parameter StripedHyena 2 with Evo 2's stripe.
 
-    python benchmarks/bench_engine.py            # full run (several minutes, needs a quiet CPU)
+    python benchmarks/bench_engine.py --model models/evspark-sh2-192   # the bundled target
+    python benchmarks/bench_engine.py            # random 256 x 12 stripe (several minutes)
     python benchmarks/bench_engine.py --quick    # tiny smoke run (seconds)
+
+`--kv-contexts 32768 131072 262144` also times a decode step and extend(k) against KV caches of
+those lengths (rows filled with random keys/values: the cost of a step does not depend on their
+content, and a real prefill of 262k tokens takes minutes; `evspark bench` measures real ones).
 
 Results go to benchmarks/results/engine.json (quick runs: engine_quick.json) and a markdown
 summary is printed. Timings are medians over --reps repetitions after --warmup repetitions, under
@@ -33,7 +39,8 @@ from evspark_cli.model.config import ModelConfig  # noqa: E402
 from evspark_cli.model.model import StripedHyena  # noqa: E402
 from evspark_cli.train.pretrain import init_weights  # noqa: E402
 
-EXTEND_KS = (1, 2, 4, 8, 13, 16)
+EXTEND_KS = tuple(range(1, 17))
+KV_EXTEND_KS = (1, 4, 8, 13, 16)
 COMMIT_JS = (1, 4, 8, 13, 16)
 
 
@@ -67,6 +74,10 @@ def make_config(hidden: int, layers: int) -> ModelConfig:
 
 
 def build_model(args) -> StripedHyena:
+    if args.model:
+        from evspark_cli.model.checkpoint import load_model
+
+        return load_model(args.model, dtype=args.dtype).eval()
     torch.manual_seed(0)
     model = StripedHyena(make_config(args.hidden, args.layers))
     init_weights(model, 0)
@@ -190,6 +201,63 @@ def bench_decode(model: StripedHyena, args) -> dict:
     }
 
 
+@torch.inference_mode()
+def bench_kv_contexts(model: StripedHyena, args) -> list[dict]:
+    """Step and extend(k) against KV caches of the given lengths (random rows, see module doc)."""
+    from evspark_cli.model.state import InferenceState, KVState
+
+    out = []
+    drafts = ids(16, 5)
+    for L in args.kv_contexts:
+        empty = model.empty_state(1, capacity=L + 64)
+        layers = []
+        g = torch.Generator().manual_seed(L)
+        for st in empty.layers:
+            if isinstance(st, KVState):
+                for t in (st.cache.k, st.cache.v):
+                    t[:, :, :L] = torch.randn(t[:, :, :L].shape, generator=g).to(t.dtype)
+                layers.append(KVState(st.cache, L, st.cache.version))
+            else:
+                layers.append(st)
+        state = InferenceState(tuple(layers), L)
+        reps = max(5, args.reps // 5)
+        t = {k: median_time(lambda: model.extend(state, drafts[:, :k])[2].commit(k), reps, 2)
+             for k in KV_EXTEND_KS}
+        out.append({"kv_tokens": L, "extend_s": {str(k): v for k, v in t.items()},
+                    "extend_over_step": {str(k): v / t[1] for k, v in t.items()},
+                    "kv_bytes": state.nbytes()["kv_per_token"] * L})
+        print(f"  kv {L}: step {t[1] * 1e3:.2f} ms, extend(13) {t[13] / t[1]:.2f} x step", file=sys.stderr)
+        del state, layers, empty
+    return out
+
+
+def plot_extend(res: dict, path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    d = res["decode"]
+    ks = [int(k) for k in d["extend_over_step"]]
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    ax.plot(ks, list(d["extend_over_step"].values()), marker="o",
+            label=f"context {d['context_tokens']}")
+    for row in res.get("kv_contexts", []):
+        kk = [int(k) for k in row["extend_over_step"]]
+        ax.plot(kk, list(row["extend_over_step"].values()), marker="s", label=f"KV {row['kv_tokens']}")
+    ax.axhline(1.6, color="grey", linestyle=":", label="goal at k=13 (1.6)")
+    ax.set_xlabel("k (tokens in the block)")
+    ax.set_ylabel("extend(k) time / decode step")
+    ax.set_title(res["model"].get("name") or "engine")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def child_prefill(args) -> dict:
     """Run in a fresh process: one prefill of args.child_prefill tokens, timed, with peak RSS."""
     model = build_model(args)  # outside inference_mode (see the engine note in the report)
@@ -222,6 +290,8 @@ def bench_prefill(args) -> list[dict]:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child-prefill", str(n),
                "--hidden", str(args.hidden), "--layers", str(args.layers), "--dtype", args.dtype,
                "--reserve", str(args.reserve), "--threads", str(args.threads)]
+        if args.model:
+            cmd += ["--model", str(args.model)]
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT))
         if res.returncode != 0:
             out.append({"tokens": n, "error": (res.stderr.strip().splitlines() or ["?"])[-1]})
@@ -266,6 +336,10 @@ def markdown(res: dict) -> str:
               f"| KV bytes per token | {sb['kv_per_token']} B | |",
               f"| state bytes at context | {sb['total_at_context'] / 2**20:.2f} MiB | "
               f"{sb['per_token_at_context']:.0f} B/token |"]
+    for row in res.get("kv_contexts", []):
+        e = row["extend_s"]
+        lines.append(f"| KV {row['kv_tokens']} tokens: step / extend(13) | {fmt_s(e['1'])} / "
+                     f"{fmt_s(e['13'])} | {row['extend_over_step']['13']:.2f} x step |")
     for p in res["prefill"]:
         if "error" in p:
             lines.append(f"| prefill {p['tokens']} tokens | failed: {p['error']} | |")
@@ -282,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=None, help="hidden size (default 256; quick 64)")
     ap.add_argument("--layers", type=int, default=None, help="layers (default 12; quick 7)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--model", default=None, help="model folder (default: a random Evo 2 stripe)")
+    ap.add_argument("--kv-contexts", type=int, nargs="*", default=[],
+                    help="also time step/extend(k) against KV caches of these lengths")
     ap.add_argument("--context", type=int, default=None,
                     help="prompt tokens before the decode measurements (default 1024; quick 64)")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 50; quick 5)")
@@ -316,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{n_params:,} parameters ({n_params / 1e6:.2f} M)", file=sys.stderr)
     t0 = time.perf_counter()
     decode = bench_decode(model, args)
+    kv_contexts = bench_kv_contexts(model, args)
     prefill = bench_prefill(args)
     res = {
         "benchmark": "engine",
@@ -332,16 +410,21 @@ def main(argv: list[str] | None = None) -> int:
                      "reserve": args.reserve, "extend_ks": list(EXTEND_KS),
                      "commit_js": list(COMMIT_JS), "prefill_sizes": args.prefill_sizes,
                      "timing": "median seconds per call under torch.inference_mode"},
-        "model": {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
+        "model": {"name": cfg.model_name if args.model else None, "folder": args.model,
+                  "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
                   "pattern": cfg.layer_pattern, "heads": cfg.num_attention_heads,
                   "mlp_size": cfg.mlp_size, "parameters": n_params, "dtype": args.dtype},
         "decode": decode,
+        "kv_contexts": kv_contexts,
         "prefill": prefill,
         "wall_s": time.perf_counter() - t0,
     }
     out = args.out or ROOT / "benchmarks" / "results" / ("engine_quick.json" if q else "engine.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
+    png = plot_extend(res, out.with_suffix(".png"))
+    if png is not None:
+        print(f"wrote {png}", file=sys.stderr)
     print(markdown(res))
     print(f"\nwrote {out}", file=sys.stderr)
     return 0

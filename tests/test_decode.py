@@ -428,3 +428,28 @@ def test_decode_result_statistics(models, drafter, model_name):
     assert out.stats["tau"] == pytest.approx(out.result.tau, abs=1e-4)
     assert out.stats["new_tokens"] == n and out.stats["rounds"] == out.result.rounds
     assert out.native is not None and len(out.native.tokens) == n
+
+
+def test_prefilled_prompt_is_reusable_and_equals_a_fresh_start(model_dirs):
+    """Benchmarks prefill once and decode several times from clones: same tokens as decoding from
+    scratch, and the shared prefill is never modified."""
+    from evspark_cli.decode.native import prefill_prompt
+
+    model = load_model(model_dirs["trained"])
+    prompt = list(DNA[:90].encode())
+    sampler = SamplerConfig(1.0, 4, 1.0)
+    pf = prefill_prompt(model, prompt, reserve=64, keep_hidden=16)
+    before = {k: v.clone() for k, v in pf.state.tensors().items()}
+    assert pf.seconds > 0 and pf.hidden is not None and pf.hidden.shape[0] == 16
+    for seed in (0, 1):
+        key = RngKey(seed, 0, 0)
+        fresh = decode_native(model, prompt, 24, sampler, key)
+        assert decode_native(model, prompt, 24, sampler, key, prefilled=pf).tokens == fresh.tokens
+        for name, cls in DRAFTERS.items():
+            spec = decode_speculative(model, prompt, 24, sampler, cls(), 5, key, prefilled=pf)
+            assert spec.tokens == decode_speculative(model, prompt, 24, sampler, cls(), 5, key).tokens
+            assert spec.prefill_s < fresh.wall_s  # no prefill inside: a clone of the state
+    after = pf.state.tensors()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(ValueError, match="fewer hidden states"):
+        pf.begin(keep_hidden=32)

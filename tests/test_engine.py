@@ -534,3 +534,42 @@ def test_prefill_state_does_not_pin_block_buffers(models):
     assert held_bytes(st.clone()) == logical
     assert held_bytes(st) <= 1.5 * logical, (
         f"prefill state pins {held_bytes(st)} bytes for {logical} bytes of state")
+
+
+@pytest.mark.parametrize("k", [2, 13, 700])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_split_attention_equals_masked(k, dtype):
+    """Long-prefix blocks attend in two mask-free passes merged by log-sum-exp (CPU): the result
+    equals one masked softmax over all keys."""
+    from evspark_cli.model import attention
+
+    if attention._flash_lse is None:
+        pytest.skip("this torch build has no CPU flash kernel with log-sum-exp")
+    g = torch.Generator().manual_seed(k)
+    t0 = attention.SPLIT_MIN_PREFIX + 37
+    q = torch.randn(1, 3, k, 16, generator=g).to(dtype)
+    keys = torch.randn(1, 3, t0 + k, 16, generator=g).to(dtype)
+    vals = torch.randn(1, 3, t0 + k, 16, generator=g).to(dtype)
+    got = attention.attend_block(q, keys, vals, t0)
+    qpos = torch.arange(t0, t0 + k)[:, None]
+    mask = torch.arange(t0 + k)[None, :] <= qpos
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), keys.float(), vals.float(),
+                                                            attn_mask=mask)
+    assert got.dtype == dtype
+    close(got.float(), want, tol=1e-5 if dtype == torch.float32 else 2e-2, what="split vs masked")
+
+
+@pytest.mark.parametrize("name", ["stripe", "mixed"])
+@torch.no_grad()
+def test_verification_block_past_long_prefix(models, name):
+    """extend(13) after 2100 tokens (the split-attention path) and a decode step after it equal
+    the stateless forward."""
+    model = models[name]
+    seq = rand_ids(2100 + 14, seed=21)
+    full = model(seq)
+    _, _, st = model.prefill(seq[:, :2100], chunk=1024)
+    lg, _, blk = model.extend(st, seq[:, 2100:2113])
+    close(lg, full[:, 2100:2113], what="extend(13) at t0=2100", scaled=True)
+    nxt, _, _ = model.extend(blk.commit(13), seq[:, 2113:])
+    close(nxt[:, 0], full[:, 2113], what="step after the block", scaled=True)

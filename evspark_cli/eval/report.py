@@ -128,4 +128,35 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
         fig.savefig(p, dpi=110)
         plt.close(fig)
         paths.append(p)
+    ctx = [r for r in res.get("context_sweep", []) if "skipped" not in r]
+    if ctx:
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        xs = [r["context"] for r in ctx]
+        ax.plot(xs, [r["decode_speedup"] for r in ctx], marker="o", label="decode speedup")
+        ax.plot(xs, [r["tau"] for r in ctx], marker="s", label="tau")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens)")
+        ax2 = ax.twinx()
+        ax2.plot(xs, [r.get("native_tok_s", 0) for r in ctx], color="grey", linestyle=":",
+                 marker="^", label="native tok/s")
+        ax2.set_ylabel("native tokens/s")
+        fig.legend(fontsize=7, loc="upper right")
+        fig.tight_layout()
+        p = out / "context.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    depth = res.get("depth_sweep") or {}
+    if depth.get("windows"):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ends = [w["end_token"] for w in depth["windows"]]
+        ax.plot(ends, [w.get("speedup") or 0 for w in depth["windows"]], marker=".", label="speedup")
+        ax.plot(ends, [w["tau"] or 0 for w in depth["windows"]], marker=".", label="tau")
+        ax.set_xlabel("generated tokens (window end)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = out / "depth.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
     return paths

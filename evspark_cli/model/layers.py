@@ -13,23 +13,30 @@ from .config import ModelConfig
 class Derived:
     """Tensors derived from parameters (fused weights, fp32 filter taps), cached for inference.
 
-    The key holds each source's version counter and storage, so any update of the weights
-    invalidates it; with autograd on (training) everything is rebuilt so gradients flow.
+    An entry is reused while every source is the same tensor (object, storage) at the same
+    version counter, so any update or move of the weights invalidates it; with autograd on
+    (training) everything is rebuilt so gradients flow. A decode step looks entries up dozens of
+    times, so the check is a few attribute reads.
     """
 
     def __init__(self) -> None:
-        self._cache: dict[tuple, Any] = {}
+        self._cache: dict[str, tuple[tuple, Any]] = {}
 
     def get(self, name: str, sources: tuple[Tensor, ...], build: Callable[[], Any]) -> Any:
-        if torch.is_grad_enabled() or any(t.is_inference() for t in sources):
+        if torch.is_grad_enabled():
             return build()
-        key = (name,) + tuple((t._version, t.data_ptr(), t.device, t.dtype) for t in sources)
-        hit = self._cache.get(key)
-        if hit is None:
-            if len(self._cache) > 64:
-                self._cache.clear()
-            hit = self._cache[key] = build()
-        return hit
+        try:
+            sig = tuple((id(t), t._version, t.data_ptr()) for t in sources)
+        except RuntimeError:  # inference tensors have no version counter: never cached
+            return build()
+        hit = self._cache.get(name)
+        if hit is not None and hit[0] == sig:
+            return hit[1]
+        if len(self._cache) > 64:
+            self._cache.clear()
+        value = build()
+        self._cache[name] = (sig, value)
+        return value
 
 
 class RMSNorm(nn.Module):
@@ -58,7 +65,8 @@ class GatedMLP(nn.Module):
         self._derived = Derived()
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.shape[-2] == 1 and not torch.is_grad_enabled():  # decode: one fused [l1; l2] matvec
+        if not torch.is_grad_enabled() and not self.l1.weight.is_inference():
+            # inference: one fused [l1; l2] product streams both weights in one pass
             w = self._derived.get("l12", (self.l1.weight, self.l2.weight),
                                   lambda: torch.cat([self.l1.weight, self.l2.weight]))
             a, b = F.linear(x, w).chunk(2, dim=-1)
