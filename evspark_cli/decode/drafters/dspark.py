@@ -26,8 +26,8 @@ from torch import Tensor, nn
 from ...errors import ModelError
 from ...model.model import StripedHyena
 from ...model.state import InferenceState
-from ..sampling import Purpose
-from .base import DraftContext, Proposal, draw_on_alphabet
+from ..sampling import Purpose, sampler_probs
+from .base import DraftContext, Proposal
 
 DNA = [65, 67, 71, 84]  # A C G T
 
@@ -179,16 +179,26 @@ class DSparkDrafter:
         U = net.base_logits(ctx, self.valid, torch.tensor([anchor], device=ctx.device), gamma)[0]
         U = U.float()
         u = rng.u(torch.arange(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
-        markov = net.markov.float()
-        drafts, qs = [], []
-        prev = int(net.lut[anchor])
-        for k in range(gamma):
-            tok, q = draw_on_alphabet(U[k] + markov[k, prev], self.alpha, sampler, u[k],
-                                      self.cfg.vocab_size)
-            drafts.append(tok)
-            qs.append(q)
-            prev = int(net.lut[tok])
-        return Proposal(torch.tensor(drafts, dtype=torch.long), torch.stack(qs))
+        # every conditional the left-to-right draws can meet, transformed in one batch:
+        # Q[k, prev] = S(U_k + B_k[prev]) over the alphabet, prev = anchor's class or a letter
+        Q = sampler_probs(U[:, None, :] + net.markov[:gamma].float(), sampler)  # (g, V+1, V)
+        P = Q.to(torch.float64)
+        cdf = P.cumsum(dim=-1).tolist()
+        positive = (P > 0).tolist()
+        rows, prev = [], int(net.lut[anchor])
+        for k, uk in enumerate(u.tolist()):  # inverse-CDF draws, as sampling.sample_from_probs
+            c = cdf[k][prev]
+            target = uk * c[-1]
+            i = next((j for j, cj in enumerate(c) if cj > target), len(c) - 1)
+            last_positive = max((j for j, ok in enumerate(positive[k][prev]) if ok), default=0)
+            rows.append(prev)
+            prev = min(i, last_positive)
+        dev = Q.device
+        q_small = Q[torch.arange(gamma, device=dev), torch.tensor(rows, device=dev)]  # (g, V)
+        q = q_small.new_zeros(gamma, self.cfg.vocab_size)
+        q[:, self.alpha] = q_small  # each draft's exact distribution over the vocabulary
+        drafts = self.alpha[torch.tensor(rows[1:] + [prev], dtype=torch.long, device=dev)]
+        return Proposal(drafts.cpu(), q)
 
     def observe(self, tokens: list[int], hidden: Tensor) -> None:
         self._push(hidden)
