@@ -94,6 +94,13 @@ def write_report(res: dict[str, Any], out: Path) -> Path:
     return path
 
 
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _plots(res: dict[str, Any], out: Path) -> list[Path]:
     try:
         import matplotlib
@@ -111,11 +118,7 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xlabel("draft position")
     ax.set_ylabel("conditional acceptance")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    p = out / "acceptance.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(_save(plt, fig, out / "acceptance.png"))
     if res.get("gamma_sweep"):
         fig, ax = plt.subplots(figsize=(5, 3.5))
         g = res["gamma_sweep"]
@@ -123,11 +126,7 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
         ax.plot([r["gamma"] for r in g], [r["tau"] for r in g], marker="s", label="tau")
         ax.set_xlabel("gamma")
         ax.legend()
-        fig.tight_layout()
-        p = out / "gamma.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(p)
+        paths.append(_save(plt, fig, out / "gamma.png"))
     ctx = [r for r in res.get("context_sweep", []) if "skipped" not in r]
     if ctx:
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
@@ -141,11 +140,7 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
                  marker="^", label="native tok/s")
         ax2.set_ylabel("native tokens/s")
         fig.legend(fontsize=7, loc="upper right")
-        fig.tight_layout()
-        p = out / "context.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(p)
+        paths.append(_save(plt, fig, out / "context.png"))
     depth = res.get("depth_sweep") or {}
     if depth.get("windows"):
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -154,9 +149,5 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
         ax.plot(ends, [w["tau"] or 0 for w in depth["windows"]], marker=".", label="tau")
         ax.set_xlabel("generated tokens (window end)")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = out / "depth.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(p)
+        paths.append(_save(plt, fig, out / "depth.png"))
     return paths
