@@ -460,3 +460,39 @@ def test_acceptance_is_lossless_when_the_target_puts_mass_on_n(target_dir, genom
     assert first[N_ID] > 0 and 0 < accepted < n  # N came from corrections; drafts were accepted too
     pv = chi2_pvalue([first[t] for t in support], [n * float(p[t]) for t in support])
     assert pv > 1e-4, f"first-token frequencies disagree with the target's p̃ (p={pv:.2e})"
+
+
+@pytest.mark.parametrize("sampler", [SamplerConfig(1.0, 4, 1.0), SamplerConfig(0.7, 3, 0.9),
+                                     SamplerConfig(1.0, 1, 1.0), SamplerConfig(1.3, 0, 0.8)],
+                         ids=["evo2", "t0.7-k3-p0.9", "greedy", "t1.3-p0.8"])
+def test_batched_draws_equal_the_left_to_right_reference(target, sampler):
+    """propose() transforms every Markov conditional in one batch and draws on host floats; it
+    must give exactly the drafts and q of the plain left-to-right loop (one sampler call and one
+    inverse-CDF draw per position), anchors outside the alphabet included."""
+    from evspark_cli.decode.drafters.base import draw_on_alphabet
+    from evspark_cli.decode.sampling import Purpose
+
+    def reference(d: DSparkDrafter, state, anchor: int, gamma: int):
+        net = d.net
+        U = net.base_logits(net.condition(d.buf), d.valid, torch.tensor([anchor]), gamma)[0].float()
+        u = d.ctx.rng.u(torch.arange(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
+        drafts, qs, prev = [], [], int(net.lut[anchor])
+        for k in range(gamma):
+            tok, q = draw_on_alphabet(U[k] + net.markov[k, prev].float(), d.alpha, d.ctx.sampler,
+                                      u[k], d.cfg.vocab_size)
+            drafts.append(tok)
+            qs.append(q)
+            prev = int(net.lut[tok])
+        return torch.tensor(drafts), torch.stack(qs)
+
+    drafter = DSparkDrafter(random_net(5))
+    with torch.inference_mode():
+        for seed in range(3):
+            state, anchor = begin(drafter, target, ids("ACGTTGCAAGGCTTAGCCATGAC" * (seed + 1)),
+                                  sampler, RngKey(seed, 4, 1))
+            for a in (anchor, N_ID, 65):
+                for g in (1, 5, 8):
+                    got = drafter.propose(state, a, g)
+                    want_d, want_q = reference(drafter, state, a, g)
+                    assert torch.equal(got.drafts, want_d), (seed, a, g)
+                    assert torch.equal(got.q, want_q), (seed, a, g)
