@@ -122,6 +122,11 @@ BAD_INPUTS = [
     ("region start > end", _file(WIDE), {"regions": ["rec1:9-3"]}, "start 9 is after end 3"),
     ("region start 0", _file(WIDE), {"regions": ["rec1:0-3"]}, "start must be >= 1"),
     ("region malformed", _file(WIDE), {"regions": ["rec1:x-y"]}, "malformed region 'rec1:x-y'"),
+    # found by hypothesis: the index counts the blank line as one base
+    ("region on a whitespace-only record", _file(">a\n \n"), {"regions": ["a"]},
+     "record 'a' in {0} is empty (no sequence)"),
+    ("region inside a whitespace-only record", _file(">a\n \n>b\nAC\n"), {"regions": ["a:1-1"]},
+     "record 'a' in"),
     ("region malformed dashes", _file(WIDE), {"regions": ["rec1:1-2-3"]}, "malformed region"),
     ("region negative", _file(WIDE), {"regions": ["rec1:-5-10"]}, "malformed region"),
     ("region with space", _file(WIDE), {"regions": ["rec1 :1-3"]}, "malformed region"),

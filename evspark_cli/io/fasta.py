@@ -553,6 +553,8 @@ def _read_regions(
             given.add(rid)
             what = f"record {region.name!r} in {src.path}" + ("" if rid == region.name else f" (region {rid})")
             seq = _clean(src.fetch(region.name, start, end), what, offset=start - 1)
+            if not seq:  # e.g. a record of blank lines that an index counted as bases
+                raise _fail(f"{what} is empty (no sequence)")
             prompts.append(Prompt(rid, "", _tail(seq, tail), f"{src.path}:{rid}"))
         return prompts
 
