@@ -573,3 +573,25 @@ def test_verification_block_past_long_prefix(models, name):
     close(lg, full[:, 2100:2113], what="extend(13) at t0=2100", scaled=True)
     nxt, _, _ = model.extend(blk.commit(13), seq[:, 2113:])
     close(nxt[:, 0], full[:, 2113], what="step after the block", scaled=True)
+
+
+def test_cached_derived_weights_follow_weight_updates(make_model):
+    """Inference caches derived tensors (fused MLP weights, fp32 taps, poles); an in-place update
+    of any parameter (an optimiser step, load_state_dict) must be seen by the next decode step."""
+    model = make_model(CONFIGS["stripe"], seed=7)
+    seq = rand_ids(40, seed=8)
+    with torch.inference_mode():
+        _, _, st = model.prefill(seq[:, :30])
+        model.extend(st, seq[:, 30:31])  # builds the caches
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("mlp.l1.weight", "filter.h", "filter.log_poles", "short_filter_weight")):
+                p.mul_(0.9)
+    with torch.inference_mode():
+        _, _, st = model.prefill(seq[:, :30])
+        got, _, _ = model.extend(st, seq[:, 30:33])
+        step, _, _ = model.extend(st, seq[:, 30:31])
+    with torch.no_grad():
+        want = model(seq[:, :33])
+    close(got, want[:, 30:33], what="block after the update")
+    close(step[:, 0], want[:, 30], what="step after the update")
