@@ -8,7 +8,9 @@ from typing import Callable
 import pytest
 import torch
 
-ORACLE_DIR = Path(__import__("os").environ.get("EVSPARK_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "oracle"
+from tiny import SHARED  # noqa: E402  (tests/ is on sys.path: pytest's rootdir conftest)
+
+ORACLE_DIR = SHARED / "oracle"
 
 
 @pytest.fixture(scope="module", autouse=True)

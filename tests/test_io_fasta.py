@@ -19,7 +19,10 @@ from hypothesis import strategies as st
 from evspark_cli.errors import InputError
 from evspark_cli.io.fasta import IUPAC, Prompt, parse_region, read_prompts
 
-DATA = Path(__import__("os").environ.get("EVSPARK_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny import SHARED  # noqa: E402
+
+DATA = SHARED / "data"
 PHIX = DATA / "valid" / "phiX174.fa.gz"
 needs_data = pytest.mark.skipif(not PHIX.exists(), reason="shared data not available")
 

@@ -15,7 +15,27 @@ from evspark_cli.model.config import ModelConfig
 from evspark_cli.model.model import StripedHyena
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("EVSPARK_SHARED", ROOT.parent / "shared"))
+
+
+def find_shared() -> Path:
+    """The shared data/oracle folder: $EVSPARK_SHARED, else `shared/` beside this checkout, else
+    beside the local checkout this one was cloned from (a fresh clone in a temporary folder)."""
+    if os.environ.get("EVSPARK_SHARED"):
+        return Path(os.environ["EVSPARK_SHARED"])
+    here = ROOT.parent / "shared"
+    if here.is_dir():
+        return here
+    import subprocess
+
+    url = subprocess.run(["git", "-C", str(ROOT), "config", "--get", "remote.origin.url"],
+                         capture_output=True, text=True).stdout.strip()
+    origin = Path(url) if url and "://" not in url and ":" not in url.split("/")[0] else None
+    if origin is not None and (origin.resolve().parent / "shared").is_dir():
+        return origin.resolve().parent / "shared"
+    return here
+
+
+SHARED = find_shared()
 PHIX = SHARED / "data" / "valid" / "phiX174.fa.gz"
 
 
