@@ -183,3 +183,21 @@ def test_bench_drafters_keeps_every_extra_folder(model_dir, tmp_path):
     extra = [n for n in ds if n not in ("dspark-seed0", "kmer", "identity")]
     assert len(extra) == 2 and all(n.startswith("dspark") for n in extra)
     assert ds[extra[0]] is not ds[extra[1]]
+
+
+def test_context_sweep_skips_only_out_of_memory(model_dir, monkeypatch):
+    """A context that does not fit is recorded as skipped; any other error is a bug and raises."""
+    from evspark_cli.eval import bench
+    from evspark_cli.model.checkpoint import load_model
+
+    model = load_model(model_dir)
+    cfg = bench.BenchConfig(prompts=str(PROMPTS), contexts=[64], context_source=str(PHIX),
+                            context_tokens=4, gamma=2)
+    for err in (MemoryError(), RuntimeError("DefaultCPUAllocator: can't allocate memory: 9 GB")):
+        monkeypatch.setattr(bench, "prefill_prompt", lambda *a, e=err, **k: (_ for _ in ()).throw(e))
+        rows = bench.context_sweep(model, bench.resolve_drafter(model, "kmer"), cfg, lambda m: None)
+        assert rows[0]["context"] == 64 and rows[0]["skipped"].startswith("out of memory")
+    monkeypatch.setattr(bench, "prefill_prompt",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        bench.context_sweep(model, bench.resolve_drafter(model, "kmer"), cfg, lambda m: None)

@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 import sys
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import PHIX, run_cli, trained_tiny_dir  # noqa: E402
+from tiny import PHIX, phix_genome, run_cli, trained_tiny_dir  # noqa: E402
 
 from evspark_cli.decode.drafters.base import RngKey  # noqa: E402
 from evspark_cli.decode.native import decode_native  # noqa: E402
@@ -40,8 +39,7 @@ def target_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def genome() -> str:
-    with gzip.open(PHIX, "rt") as f:
-        return "".join(line.strip() for line in f if not line.startswith(">")).upper()
+    return phix_genome()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import sys
@@ -22,7 +21,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import PHIX, random_tiny_dir, tiny_config, trained_tiny_dir  # noqa: E402
+from tiny import PHIX, phix_genome, random_tiny_dir, tiny_config, trained_tiny_dir  # noqa: E402
 
 from evspark_cli.decode.drafters.base import DraftContext, RngKey  # noqa: E402
 from evspark_cli.decode.drafters.dspark import (  # noqa: E402
@@ -61,8 +60,7 @@ def other_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def genome() -> str:
-    with gzip.open(PHIX, "rt") as f:
-        return "".join(line.strip() for line in f if not line.startswith(">")).upper()
+    return phix_genome()
 
 
 @pytest.fixture(scope="module")

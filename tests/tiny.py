@@ -39,6 +39,14 @@ SHARED = find_shared()
 PHIX = SHARED / "data" / "valid" / "phiX174.fa.gz"
 
 
+def phix_genome() -> str:
+    """phiX174 as one upper-case string (5,386 bases)."""
+    import gzip
+
+    with gzip.open(PHIX, "rt") as f:
+        return "".join(line.strip() for line in f if not line.startswith(">")).upper()
+
+
 def tiny_config(**kw) -> ModelConfig:
     base = dict(model_name="tiny-test", hidden_size=32, num_layers=4, num_attention_heads=2,
                 hcs_layer_idxs=[0], hcm_layer_idxs=[1], hcl_layer_idxs=[2], attn_layer_idxs=[3],

@@ -236,6 +236,13 @@ def peak_rss_mib() -> float:
     return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
 
 
+def _out_of_memory(e: BaseException) -> bool:
+    """Allocation failures: MemoryError, torch.OutOfMemoryError (CUDA) or the CPU allocator's
+    RuntimeError; any other error is a bug and must not be reported as a skipped context."""
+    oom = getattr(torch, "OutOfMemoryError", MemoryError)
+    return isinstance(e, (MemoryError, oom)) or "can't allocate memory" in str(e)
+
+
 def context_sweep(model: StripedHyena, drafter: Any, cfg: BenchConfig,
                   log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Prompts of growing length cut from a whole genome: prefill cost, then decoding speed.
@@ -261,8 +268,10 @@ def context_sweep(model: StripedHyena, drafter: Any, cfg: BenchConfig,
             nat = decode_native(model, ids, cfg.context_tokens, SAMPLED, key, prefilled=pf)
             spec = decode_speculative(model, ids, cfg.context_tokens, SAMPLED, drafter, cfg.gamma,
                                       key, "slice", f"ctx{L}", prefix, prefilled=pf)
-        except (MemoryError, RuntimeError) as e:  # torch reports allocation failures as either
-            out.append({"context": L, "skipped": f"failed: {str(e).splitlines()[0][:200]}"})
+        except (MemoryError, RuntimeError) as e:
+            if not _out_of_memory(e):
+                raise
+            out.append({"context": L, "skipped": f"out of memory: {(str(e).splitlines() or [type(e).__name__])[0][:200]}"})
             log(f"context {L}: {out[-1]['skipped']}")
             continue
         row = {"context": L, "prefill_s": pf.seconds, "prefill_tok_s": L / pf.seconds,
