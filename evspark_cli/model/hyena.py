@@ -102,17 +102,22 @@ class HyenaFilter(nn.Module):
     def li_impulse(self, n: int) -> Tensor:
         """h[d, t] = sum_s R[d, s] exp(lambda[d, s] t) for t < n, built in chunks (no D x S x L).
 
-        Cached in inference: every prefill chunk of the same length reuses it."""
+        Cached in inference as one (D, n_max) tensor: every prefill chunk slices a prefix of it."""
 
-        def build() -> Tensor:
+        def build(m: int) -> Tensor:
             lam, R = self.poles()
             out = []
-            for s in range(0, n, 4096):
-                t = torch.arange(s, min(n, s + 4096), device=lam.device, dtype=torch.float32)
+            for s in range(0, m, 4096):
+                t = torch.arange(s, min(m, s + 4096), device=lam.device, dtype=torch.float32)
                 out.append(torch.einsum("ds,dst->dt", R, torch.exp(lam[..., None] * t)))
             return torch.cat(out, dim=-1)
 
-        return self._memo(f"impulse{n}", (self.log_poles, self.residues), build)
+        sources = (self.log_poles, self.residues)
+        h = self._memo("impulse", sources, lambda: build(n))
+        if h.shape[-1] < n:  # a longer chunk than any before: rebuild and keep the longer one
+            self._derived.drop("impulse")
+            h = self._memo("impulse", sources, lambda: build(n))
+        return h[:, :n]
 
     def li_toeplitz(self, k: int) -> tuple[Tensor, Tensor]:
         """(p^1..p^k as (D, S, k), lower-triangular p^(j-i) as (D, S, k, k)), cached in inference."""

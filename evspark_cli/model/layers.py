@@ -39,6 +39,10 @@ class Derived:
         return value
 
 
+    def drop(self, name: str) -> None:
+        self._cache.pop(name, None)
+
+
 class RMSNorm(nn.Module):
     """g * x / (||x||_2 / sqrt(D) + eps): eps outside the square root, as Evo 2."""
 
