@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .layers import ResidualBlock
+from .layers import Derived, ResidualBlock
 from .state import KVCache, KVPending, KVState
 
 QUERY_CHUNK = 1024  # long prefill chunks attend in slices of queries to bound the score matrix
@@ -20,14 +20,32 @@ class RotaryEmbedding(nn.Module):
         inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv, persistent=True)
         self.scale = scale
+        self._derived = Derived()
+
+    def table(self, n: int) -> tuple[Tensor, Tensor]:
+        """cos and sin of the angles at positions 0..n-1 or more, (n', d_h / 2) fp32.
+
+        In inference one table (grown by doubling) serves every step, so a decode step slices a
+        row instead of recomputing it; positions get the same values in prefill and decode."""
+
+        def build(m: int) -> tuple[Tensor, Tensor]:
+            t = torch.arange(m, device=self.inv_freq.device, dtype=torch.float32) / self.scale
+            ang = t[:, None] * self.inv_freq.float()[None, :]
+            return ang.cos(), ang.sin()
+
+        cos, sin = self._derived.get("table", (self.inv_freq,), lambda: build(n))
+        if cos.shape[0] < n:
+            self._derived.drop("table")
+            cos, sin = self._derived.get("table", (self.inv_freq,),
+                                         lambda: build(max(n, 2 * cos.shape[0])))
+        return cos, sin
 
     def forward(self, x: Tensor, t0: int) -> Tensor:
         """Rotate halves of x (B, k, ..., d_h) at positions t0..t0+k-1."""
         k = x.shape[1]
-        t = torch.arange(t0, t0 + k, device=x.device, dtype=torch.float32) / self.scale
-        ang = t[:, None] * self.inv_freq.float()[None, :]
-        shape = (1, k) + (1,) * (x.dim() - 3) + (ang.shape[-1],)
-        cos, sin = ang.cos().to(x.dtype).view(shape), ang.sin().to(x.dtype).view(shape)
+        cos, sin = self.table(t0 + k)
+        shape = (1, k) + (1,) * (x.dim() - 3) + (cos.shape[-1],)
+        cos, sin = cos[t0: t0 + k].to(x.dtype).view(shape), sin[t0: t0 + k].to(x.dtype).view(shape)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -45,8 +63,8 @@ class MHA(nn.Module):
 
     def forward(self, u: Tensor, st: KVState | None, t0: int) -> tuple[Tensor, KVPending | None]:
         B, k, _ = u.shape
-        qkv = self.Wqkv(u).view(B, k, 3, self.heads, self.head_dim)
-        qk = self.rotary_emb(qkv[:, :, :2], t0)  # queries and keys in one rotation
+        qkv = F.linear(u, self.Wqkv.weight, self.Wqkv.bias).view(B, k, 3, self.heads, self.head_dim)
+        qk = self.rotary_emb.forward(qkv[:, :, :2], t0)  # queries and keys in one rotation
         q, key = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2)  # (B, H, k, d_h)
         val = qkv[:, :, 2].transpose(1, 2)
         pending = None
@@ -58,7 +76,7 @@ class MHA(nn.Module):
             pending = KVPending(st.cache, t0, version)
             o = attend_block(q, st.cache.k[:, :, : t0 + k], st.cache.v[:, :, : t0 + k], t0)
         o = o.transpose(1, 2).reshape(B, k, -1)
-        return self.out_proj(o), pending
+        return F.linear(o, self.out_proj.weight, self.out_proj.bias), pending
 
     def empty_state(self, batch: int, capacity: int, dtype: torch.dtype, device) -> KVState:
         return KVState(KVCache(batch, capacity, self.heads, self.head_dim, dtype, device), 0)
@@ -72,7 +90,7 @@ class AttentionBlock(ResidualBlock):
         self.inner_mha_cls = MHA(cfg)
 
     def mix(self, h: Tensor, st: KVState | None, t0: int):
-        return self.inner_mha_cls(h, st, t0)
+        return self.inner_mha_cls.forward(h, st, t0)
 
     def empty_state(self, batch: int, capacity: int, dtype, device) -> KVState:
         return self.inner_mha_cls.empty_state(batch, capacity, dtype, device)

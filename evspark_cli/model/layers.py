@@ -52,8 +52,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True) * x.shape[-1] ** -0.5
-        return self.scale * (x / (rms + self.eps))
+        return rms_norm(x, self.scale, self.eps)
+
+
+def rms_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
+    """Evo 2's RMSNorm as a function (the decode step calls it without module dispatch)."""
+    rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True) * x.shape[-1] ** -0.5
+    return scale * (x / (rms + eps))
 
 
 class GatedMLP(nn.Module):
@@ -75,8 +80,8 @@ class GatedMLP(nn.Module):
                                   lambda: torch.cat([self.l1.weight, self.l2.weight]))
             a, b = F.linear(x, w).chunk(2, dim=-1)
         else:
-            a, b = self.l1(x), self.l2(x)
-        return self.l3((F.gelu(a) if self.gelu else a) * b)
+            a, b = F.linear(x, self.l1.weight), F.linear(x, self.l2.weight)
+        return F.linear((F.gelu(a) if self.gelu else a) * b, self.l3.weight)
 
 
 class ResidualBlock(nn.Module):
@@ -94,6 +99,7 @@ class ResidualBlock(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor, st, t0: int):
-        y, pending = self.mix(self.pre_norm(x), st, t0)
+        # norms and MLP called as functions: module dispatch is a tenth of a CPU decode step
+        y, pending = self.mix(rms_norm(x, self.pre_norm.scale, self.pre_norm.eps), st, t0)
         x = x + y
-        return x + self.mlp(self.post_norm(x)), pending
+        return x + self.mlp.forward(rms_norm(x, self.post_norm.scale, self.post_norm.eps)), pending

@@ -49,7 +49,7 @@ class StripedHyena(nn.Module):
         keep: list[Tensor] = []
         pendings = []
         for i, blk in enumerate(self.blocks):
-            x, pending = blk(x, state.layers[i] if state is not None else None, t0)
+            x, pending = blk.forward(x, state.layers[i] if state is not None else None, t0)
             pendings.append(pending)
             if hidden and i in self.hidden_layers:
                 keep.append(x)
