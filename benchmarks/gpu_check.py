@@ -3,8 +3,9 @@
     python benchmarks/gpu_check.py --out $OUT/gpu.json            # on a CUDA machine, ~3-5 min
     python benchmarks/gpu_check.py --small --device cpu --out /tmp/gpu.json   # logic check on CPU
 
-Measures native decoding tokens/s, identity-drafter overhead (gamma 12) and extend(k) cost for
-k = 1..16 relative to a step, plus bf16 consistency of extend(k) with k one-token steps.
+Measures, eagerly and with CUDA graphs (model/graphs.py): native decoding tokens/s (prefill
+excluded), identity-drafter overhead (gamma 12), extend(k) cost for k = 1..16 relative to a step,
+bf16 consistency of extend(k) with k one-token steps, and whether greedy tokens agree.
 Weights are random (Evo 2 weights cannot be downloaded here), which does not change the cost.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from evspark_cli.decode.drafters.base import RngKey
 from evspark_cli.decode.drafters.identity import IdentityDrafter
-from evspark_cli.decode.native import decode_native
+from evspark_cli.decode.native import decode_native, prefill_prompt
 from evspark_cli.decode.sampling import SamplerConfig
 from evspark_cli.decode.speculative import decode_speculative
 from evspark_cli.model.checkpoint import cast_model
@@ -47,7 +48,10 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn, dev, reps: int) -> float:
+def timed(fn, dev, reps: int, warmup: int = 3) -> float:
+    """Median seconds of fn over reps calls, after warm-up calls (graph recording among them)."""
+    for _ in range(warmup):
+        fn()
     ts = []
     for _ in range(reps):
         sync(dev)
@@ -56,6 +60,48 @@ def timed(fn, dev, reps: int) -> float:
         sync(dev)
         ts.append(time.perf_counter() - t)
     return statistics.median(ts)
+
+
+def measure(model: StripedHyena, prompt: list[int], dev: torch.device, tokens: int) -> dict:
+    """Step, extend(k) for k = 1..16, native decoding and the identity drafter's overhead."""
+    out: dict = {}
+    with torch.inference_mode():
+        ids = torch.tensor([prompt[:-1]], device=dev)
+        t = time.perf_counter()
+        _, _, state = model.prefill(ids, keep_last=1, reserve=4096)
+        sync(dev)
+        out["prefill_s"] = time.perf_counter() - t
+        tok = torch.tensor([[65]], device=dev)
+        step = timed(lambda: model.extend(state, tok)[2].commit(1), dev, 20)
+        out["step_s"] = step
+        out["extend_ratio"] = {}
+        for k in range(1, 17):
+            blk = torch.full((1, k), 67, device=dev)
+            out["extend_ratio"][k] = timed(lambda: model.extend(state, blk), dev, 10) / step
+        # bf16 consistency: extend(8) vs 8 single steps
+        blk = torch.tensor([[65, 67, 71, 84, 65, 67, 71, 84]], device=dev)
+        for _ in range(2):
+            lb, _, _ = model.extend(state, blk)
+        st = state
+        outs = []
+        for j in range(8):
+            lg, _, b = model.extend(st, blk[:, j: j + 1])
+            st = b.commit(1)
+            outs.append(lg)
+        out["extend_vs_steps_max_abs_logit_diff"] = float((lb - torch.cat(outs, 1)).abs().max())
+    sampler = SamplerConfig(1.0, 4, 1.0)
+    pre = prefill_prompt(model, prompt, reserve=tokens + 64, keep_hidden=0)
+    decode_native(model, prompt, 32, sampler, RngKey(0, 0, 0), prefilled=pre)  # warm-up, recordings
+    nat = decode_native(model, prompt, tokens, sampler, RngKey(0, 0, 0), prefilled=pre)
+    decode_speculative(model, prompt, 32, sampler, IdentityDrafter(), 12, RngKey(0, 0, 0), prefilled=pre)
+    spec = decode_speculative(model, prompt, tokens, sampler, IdentityDrafter(), 12, RngKey(0, 0, 0),
+                              prefilled=pre)
+    out["native_tokens_per_s"] = tokens / nat.wall_s
+    out["identity_overhead"] = spec.wall_s / nat.wall_s
+    out["identity_equals_native"] = spec.tokens == nat.tokens
+    greedy = decode_native(model, prompt, 64, SamplerConfig(1.0, 1, 1.0), prefilled=pre)
+    out["greedy_tokens"] = greedy.tokens
+    return out
 
 
 def main() -> None:
@@ -82,38 +128,23 @@ def main() -> None:
                 p.normal_(0, 0.02)
     model = cast_model(model, torch.bfloat16 if dev.type == "cuda" else torch.float32).eval()
     res: dict = {"config": cfg.to_dict(), "parameters": model.num_parameters(), "device": str(dev),
-                 "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else None}
+                 "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else None,
+                 "torch": torch.__version__}
     prompt = torch.randint(0, 4, (a.prompt,)).tolist()
     prompt = [[65, 67, 71, 84][i] for i in prompt]
-    with torch.inference_mode():
-        ids = torch.tensor([prompt[:-1]], device=dev)
-        t = time.perf_counter()
-        _, _, state = model.prefill(ids, keep_last=1, reserve=4096)
-        sync(dev)
-        res["prefill_s"] = time.perf_counter() - t
-        step = timed(lambda: model.extend(state, torch.tensor([[65]], device=dev))[2].commit(1), dev, 20)
-        res["step_s"] = step
-        res["extend_ratio"] = {}
-        for k in range(1, 17):
-            blk = torch.full((1, k), 67, device=dev)
-            res["extend_ratio"][k] = timed(lambda: model.extend(state, blk), dev, 10) / step
-        # bf16 consistency: extend(8) vs 8 single steps
-        blk = torch.tensor([[65, 67, 71, 84, 65, 67, 71, 84]], device=dev)
-        lb, _, _ = model.extend(state, blk)
-        st = state
-        outs = []
-        for j in range(8):
-            lg, _, b = model.extend(st, blk[:, j: j + 1])
-            st = b.commit(1)
-            outs.append(lg)
-        res["extend_vs_steps_max_abs_logit_diff"] = float((lb - torch.cat(outs, 1)).abs().max())
-    sampler = SamplerConfig(1.0, 4, 1.0)
-    nat = decode_native(model, prompt, a.tokens, sampler, RngKey(0, 0, 0))
-    nat = decode_native(model, prompt, a.tokens, sampler, RngKey(0, 0, 0))
-    spec = decode_speculative(model, prompt, a.tokens, sampler, IdentityDrafter(), 12, RngKey(0, 0, 0))
-    res["native_tokens_per_s"] = a.tokens / nat.wall_s
-    res["identity_overhead"] = spec.wall_s / nat.wall_s
-    res["identity_equals_native"] = spec.tokens == nat.tokens
+    # CUDA graphs on a GPU; on CPU the same static form re-run eagerly (a logic check)
+    backend = "cuda" if dev.type == "cuda" else "eager"
+    for mode in ("eager", "graphs"):
+        model.graphs = None
+        if mode == "graphs":
+            model.use_graphs(backend)
+        res[mode] = measure(model, prompt, dev, a.tokens)
+        print(mode, json.dumps(res[mode]), flush=True)
+    res["graph_speedup_native"] = res["graphs"]["native_tokens_per_s"] / res["eager"]["native_tokens_per_s"]
+    res["graph_speedup_step"] = res["eager"]["step_s"] / res["graphs"]["step_s"]
+    res["graphs_disabled_reason"] = model.graphs.disabled_reason if model.graphs else None
+    res["graph_vs_eager_same_greedy_tokens"] = (res["graphs"]["greedy_tokens"]
+                                                == res["eager"]["greedy_tokens"])
     print(json.dumps(res, indent=1))
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)

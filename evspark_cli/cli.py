@@ -79,6 +79,8 @@ ShardOpt = typer.Option(None, "--shard", help="I/N: process only records i with 
                         "(N jobs cover the input exactly once).")
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
 DtypeOpt = typer.Option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16.")
+GraphsOpt = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On a GPU, replay decode "
+                         "steps and verification blocks from CUDA graphs (no effect on CPU).")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar.")
 ThreadsOpt = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default).")
 
@@ -190,6 +192,7 @@ def generate(
                                  "(snapshot-and-replay baseline)."),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
+    cuda_graphs: bool = GraphsOpt,
     line_width: int = typer.Option(60, "--line-width", help="FASTA line width (0 = one line)."),
     include_prompt: bool = typer.Option(False, "--include-prompt", help="Prepend the prompt."),
     region: Optional[List[str]] = RegionOpt,
@@ -218,7 +221,7 @@ def generate(
     from .io.writers import FastaOutput, StatsOutput
     from .model.checkpoint import load_model
 
-    model = load_model(model_dir, device=device, dtype=dtype)
+    model = load_model(model_dir, device=device, dtype=dtype, cuda_graphs=cuda_graphs)
     _check_context(model, prompts, max_new_tokens)
     d = resolve_drafter(model, drafter, force=force_drafter)
     model_name = model.config.model_name
@@ -312,6 +315,7 @@ def verify(
                                         "the native top-1/top-2 logit gap there is below this."),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
+    cuda_graphs: bool = GraphsOpt,
     force_drafter: bool = typer.Option(False, "--force-drafter", help="Allow a mismatched drafter."),
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
@@ -338,7 +342,7 @@ def verify(
     from .eval.compare import compare_greedy
     from .model.checkpoint import load_model
 
-    model = load_model(model_dir, device=device, dtype=dtype)
+    model = load_model(model_dir, device=device, dtype=dtype, cuda_graphs=cuda_graphs)
     _check_context(model, prompts, max_new_tokens)
     d = resolve_drafter(model, drafter, force=force_drafter)
     if d is None:

@@ -40,12 +40,21 @@ class RotaryEmbedding(nn.Module):
                                          lambda: build(max(n, 2 * cos.shape[0])))
         return cos, sin
 
-    def forward(self, x: Tensor, t0: int) -> Tensor:
-        """Rotate halves of x (B, k, ..., d_h) at positions t0..t0+k-1."""
+    def forward(self, x: Tensor, t0: int | Tensor) -> Tensor:
+        """Rotate halves of x (B, k, ..., d_h) at positions t0..t0+k-1.
+
+        `t0` may be a device scalar (a captured graph's position): the rows are then gathered
+        from a table that must already cover them (see graphs.py)."""
         k = x.shape[1]
-        cos, sin = self.table(t0 + k)
+        if isinstance(t0, Tensor):
+            cos, sin = self._derived.peek("table")
+            pos = t0 + torch.arange(k, device=x.device)
+            cos, sin = cos.index_select(0, pos), sin.index_select(0, pos)
+        else:
+            cos, sin = self.table(t0 + k)
+            cos, sin = cos[t0: t0 + k], sin[t0: t0 + k]
         shape = (1, k) + (1,) * (x.dim() - 3) + (cos.shape[-1],)
-        cos, sin = cos[t0: t0 + k].to(x.dtype).view(shape), sin[t0: t0 + k].to(x.dtype).view(shape)
+        cos, sin = cos.to(x.dtype).view(shape), sin.to(x.dtype).view(shape)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -61,7 +70,8 @@ class MHA(nn.Module):
         self.out_proj = nn.Linear(D, D, bias=cfg.mha_out_proj_bias)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rotary_emb_base, cfg.rope_scale)
 
-    def forward(self, u: Tensor, st: KVState | None, t0: int) -> tuple[Tensor, KVPending | None]:
+    def forward(self, u: Tensor, st: KVState | None, t0: int | Tensor
+                ) -> tuple[Tensor, KVPending | None]:
         B, k, _ = u.shape
         qkv = F.linear(u, self.Wqkv.weight, self.Wqkv.bias).view(B, k, 3, self.heads, self.head_dim)
         qk = self.rotary_emb.forward(qkv[:, :, :2], t0)  # queries and keys in one rotation
@@ -70,6 +80,8 @@ class MHA(nn.Module):
         pending = None
         if st is None:
             o = F.scaled_dot_product_attention(q, key, val, is_causal=True)
+        elif isinstance(t0, Tensor):  # captured graph: fixed shapes, the caller keeps the books
+            o = attend_static(q, key, val, st.cache, t0)
         else:
             st.check()
             version = st.cache.write(t0, key, val)
@@ -112,6 +124,19 @@ def attend_block(q: Tensor, keys: Tensor, vals: Tensor, t0: int) -> Tensor:
         outs.append(F.scaled_dot_product_attention(q[:, :, s:e], keys[:, :, :n_keys],
                                                    vals[:, :, :n_keys], attn_mask=mask))
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+def attend_static(q: Tensor, key: Tensor, val: Tensor, cache: KVCache, t0: Tensor) -> Tensor:
+    """Write the block's rows at device position t0 and attend over the whole cache under a mask.
+
+    Every shape is fixed by the cache's capacity, so a CUDA graph can replay it at any position;
+    masked rows weigh exactly zero. The cache's version bookkeeping is the graph runner's job."""
+    k = q.shape[2]
+    pos = t0 + torch.arange(k, device=q.device)
+    cache.k.index_copy_(2, pos, key)
+    cache.v.index_copy_(2, pos, val)
+    mask = torch.arange(cache.capacity, device=q.device)[None, :] <= pos[:, None]
+    return F.scaled_dot_product_attention(q, cache.k, cache.v, attn_mask=mask)
 
 
 # CPU flash attention that also returns the log-sum-exp of each query's scores (private aten op).

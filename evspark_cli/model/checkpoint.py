@@ -110,8 +110,11 @@ def check_tensors_against(model: torch.nn.Module, tensors: dict[str, Tensor], so
 
 
 def load_model(path: str | Path | None = None, device: str | None = "cpu",
-               dtype: str | torch.dtype | None = None) -> StripedHyena:
-    """Load a model folder (None = the bundled target) for inference."""
+               dtype: str | torch.dtype | None = None, cuda_graphs: bool = True) -> StripedHyena:
+    """Load a model folder (None = the bundled target) for inference.
+
+    On a GPU, decode steps and verification blocks replay CUDA graphs unless `cuda_graphs` is
+    False (model/graphs.py)."""
     folder = Path(path) if path is not None else default_model_dir()
     if not folder.is_dir():
         raise ModelError(f"model folder {folder} does not exist")
@@ -126,6 +129,8 @@ def load_model(path: str | Path | None = None, device: str | None = "cpu",
     model = cast_model(model.to(dev), resolve_dtype(dtype, dev))
     model.eval()
     model.source_dir = folder  # type: ignore[attr-defined]
+    if cuda_graphs and dev.type == "cuda":
+        model.use_graphs("cuda")
     return model
 
 

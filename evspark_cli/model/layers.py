@@ -38,6 +38,12 @@ class Derived:
         self._cache[name] = (sig, value)
         return value
 
+    def peek(self, name: str) -> Any:
+        """The cached value as it is, unchecked (for captured graphs, which built it beforehand)."""
+        hit = self._cache.get(name)
+        if hit is None:
+            raise KeyError(f"{name} was not built before the graph was recorded")
+        return hit[1]
 
     def drop(self, name: str) -> None:
         self._cache.pop(name, None)

@@ -10,7 +10,7 @@ through. Parameter names follow Evo 2 / vortex checkpoints (``blocks.{i}.filter.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,9 @@ from .hyena import HyenaBlock
 from .layers import ResidualBlock, RMSNorm
 from .state import Block, InferenceState
 
+if TYPE_CHECKING:
+    from .graphs import GraphRunner
+
 
 class StripedHyena(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -32,6 +35,7 @@ class StripedHyena(nn.Module):
         self.blocks = nn.ModuleList(make_block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.eps)
         self.hidden_layers: list[int] = cfg.drafter_layers
+        self.graphs: GraphRunner | None = None  # set by use_graphs()
 
     # ------------------------------------------------------------------ core
     @property
@@ -42,14 +46,17 @@ class StripedHyena(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embedding_layer.weight.dtype
 
-    def _run(self, ids: Tensor, state: InferenceState | None, hidden: bool
-             ) -> tuple[Tensor, Tensor | None, Block | None]:
+    def _run(self, ids: Tensor, state: InferenceState | None, hidden: bool,
+             position: Tensor | None = None) -> tuple[Tensor, Tensor | None, Block | None]:
+        """The one forward pass. `position` (a device scalar standing for state.seqlen) is the
+        graph-capturable form: attention then reads its position from the device (graphs.py)."""
         x = self.embedding_layer(ids)
         t0 = state.seqlen if state is not None else 0
+        where: int | Tensor = t0 if position is None else position
         keep: list[Tensor] = []
         pendings = []
         for i, blk in enumerate(self.blocks):
-            x, pending = blk.forward(x, state.layers[i] if state is not None else None, t0)
+            x, pending = blk.forward(x, state.layers[i] if state is not None else None, where)
             pendings.append(pending)
             if hidden and i in self.hidden_layers:
                 keep.append(x)
@@ -75,9 +82,24 @@ class StripedHyena(nn.Module):
         """Feed ids (B, k) to `state`: logits (B, k, V), hidden (B, k, n, D) and the block."""
         if ids.dim() == 1:
             ids = ids[None]
+        if self.graphs is not None and self.graphs.takes(state, ids):
+            return self.graphs.extend(state, ids)
+        return self.extend_eager(state, ids)
+
+    def extend_eager(self, state: InferenceState, ids: Tensor) -> tuple[Tensor, Tensor, Block]:
+        """`extend` without recorded graphs."""
         logits, hid, block = self._run(ids, state, True)
         assert hid is not None and block is not None
         return logits, hid, block
+
+    def use_graphs(self, backend: str | None = "cuda") -> None:
+        """Replay decode steps and verification blocks from recorded graphs (None: eager).
+
+        "cuda" records CUDA graphs (a GPU model); "eager" re-runs the recorded static form, which
+        tests use to check it on CPU. See graphs.py."""
+        from .graphs import GraphRunner
+
+        self.graphs = GraphRunner(self, backend) if backend is not None else None
 
     def prefill(self, ids: Tensor, keep_last: int | None = None, reserve: int = 2048,
                 chunk: int | None = None) -> tuple[Tensor, Tensor, InferenceState]:

@@ -147,6 +147,10 @@ class KVCache:
         self.ensure(t0 + n)
         self.k[:, :, t0: t0 + n] = k
         self.v[:, :, t0: t0 + n] = v
+        return self.note_write(t0)
+
+    def note_write(self, t0: int) -> int:
+        """Record that rows from t0 up were (re)written; returns the new version."""
         self.version += 1
         self.write_starts.append(t0)
         return self.version

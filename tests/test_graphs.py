@@ -1,0 +1,185 @@
+"""Recorded extend (model/graphs.py): the static, graph-capturable form equals eager `extend`.
+
+On CPU the runner's "eager" backend re-runs the recorded static form (device positions, masked
+attention over the whole KV cache, static state buffers, clone-out, rebuilt pendings): everything
+a CUDA graph replays, except the capture itself, which the CUDA test checks where a GPU exists.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evspark_cli.decode.drafters.base import RngKey
+from evspark_cli.decode.drafters.identity import IdentityDrafter
+from evspark_cli.decode.drafters.kmer import KmerDrafter
+from evspark_cli.decode.native import decode_native
+from evspark_cli.decode.sampling import SamplerConfig
+from evspark_cli.decode.speculative import decode_speculative
+from evspark_cli.model import graphs as graphs_mod
+from evspark_cli.model.config import ModelConfig
+from evspark_cli.model.state import StaleBlockError
+
+TOL = 1e-4
+PATTERN = ["hcs", "attn", "hcm", "hcl", "attn", "hcl"]
+
+
+def config() -> ModelConfig:
+    idx = {k: [i for i, p in enumerate(PATTERN) if p == k] for k in ("hcs", "hcm", "hcl", "attn")}
+    return ModelConfig(hidden_size=32, num_layers=len(PATTERN), num_attention_heads=2,
+                       hcs_layer_idxs=idx["hcs"], hcm_layer_idxs=idx["hcm"],
+                       hcl_layer_idxs=idx["hcl"], attn_layer_idxs=idx["attn"],
+                       hcs_filter_groups=4, hcm_filter_groups=4, hcm_filter_length=16,
+                       state_size=8, inner_mlp_size=48, hidden_layers=[1, 3],
+                       use_interpolated_rotary_pos_emb=True, rotary_emb_scaling_factor=4.0)
+
+
+@pytest.fixture()
+def pair(make_model):
+    """(graphed, plain): the same randomized weights, one replaying recordings."""
+    graphed, plain = make_model(config(), seed=5), make_model(config(), seed=5)
+    graphed.use_graphs("eager")
+    return graphed, plain
+
+
+def ids(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 512, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_states_close(a, b) -> None:
+    ta, tb = a.tensors(), b.tensors()
+    assert ta.keys() == tb.keys() and a.seqlen == b.seqlen
+    for name in ta:
+        scale = max(1.0, float(tb[name].abs().max()))
+        assert torch.allclose(ta[name], tb[name], atol=TOL * scale), name
+
+
+@torch.inference_mode()
+def test_recorded_blocks_equal_eager_extend_and_commit(pair):
+    graphed, plain = pair
+    prompt = ids(40, 0)
+    sa = graphed.prefill(prompt, reserve=300)[2]
+    sb = plain.prefill(prompt, reserve=300)[2]
+    for r in range(40):
+        k = (1, 5, 13)[r % 3]
+        block_ids = ids(k, 100 + r)
+        la, ha, ba = graphed.extend(sa, block_ids)
+        lb, hb, bb = plain.extend(sb, block_ids)
+        assert torch.allclose(la, lb, atol=TOL) and torch.allclose(ha, hb, atol=TOL), r
+        j = 1 + (7 * r) % k
+        sa, sb = ba.commit(j), bb.commit(j)
+        assert_states_close(sa, sb)
+    runner = graphed.graphs
+    assert runner.disabled_reason is None
+    assert len(runner.recordings) == 3  # one per block length, made on its second use
+    assert runner.replays == 40 - 3
+
+
+@torch.inference_mode()
+def test_returned_blocks_survive_later_replays(pair):
+    """A replay overwrites the recording's outputs; blocks handed out earlier own copies."""
+    graphed, plain = pair
+    s = graphed.prefill(ids(20, 1), reserve=100)[2]
+    ref = plain.prefill(ids(20, 1), reserve=100)[2]
+    for r in range(3):  # record the 4-token block
+        s = graphed.extend(s, ids(4, r))[2].commit(4)
+        ref = plain.extend(ref, ids(4, r))[2].commit(4)
+    logits, _, block = graphed.extend(s, ids(4, 50))
+    kept = logits.clone()
+    state_after = block.commit(2)  # FIR windows are views of this block's own widened buffers
+    graphed.extend(state_after, ids(4, 51))  # replays into the same static outputs
+    assert torch.equal(logits, kept)
+    want = plain.extend(ref, ids(4, 50))[2].commit(2)
+    assert_states_close(state_after, want)
+
+
+@torch.inference_mode()
+def test_stale_blocks_still_refused(pair):
+    graphed, _ = pair
+    s0 = graphed.prefill(ids(12, 2), reserve=64)[2]
+    for r in range(2):
+        graphed.extend(s0, ids(4, r))  # recorded on the second call
+    assert graphed.graphs.recordings
+    _, _, first = graphed.extend(s0, ids(4, 10))
+    graphed.extend(s0, ids(4, 11))  # a sibling block rewrites the same KV rows
+    with pytest.raises(StaleBlockError):
+        first.commit(2)
+
+
+@torch.inference_mode()
+def test_full_cache_falls_back_to_eager_then_records_again(pair):
+    graphed, plain = pair
+    prompt = ids(10, 3)
+    sa = graphed.prefill(prompt, reserve=6)[2]  # capacity 16: the cache must grow on the way
+    sb = plain.prefill(prompt, reserve=6)[2]
+    for r in range(30):
+        tok = ids(1, 200 + r)
+        la, _, ba = graphed.extend(sa, tok)
+        lb, _, bb = plain.extend(sb, tok)
+        assert torch.allclose(la, lb, atol=TOL), r
+        sa, sb = ba.commit(1), bb.commit(1)
+    assert graphed.graphs.replays > 0
+    assert_states_close(sa, sb)
+
+
+@torch.inference_mode()
+def test_prefill_chunks_stay_eager(pair):
+    graphed, plain = pair
+    s = graphed.prefill(ids(10, 4), reserve=200)[2]
+    for _ in range(2):
+        graphed.extend(s, ids(graphs_mod.MAX_GRAPH_BLOCK + 1, 5))
+    assert not graphed.graphs.recordings
+    la = graphed.prefill(ids(150, 6), chunk=64)[0]
+    lb = plain.prefill(ids(150, 6), chunk=64)[0]
+    assert torch.allclose(la, lb, atol=TOL)
+
+
+@torch.inference_mode()
+def test_capture_failure_falls_back_to_eager_once(pair, monkeypatch, capsys):
+    graphed, plain = pair
+
+    def broken(self, state, block_ids):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs_mod.GraphRunner, "_record", broken)
+    sampler = SamplerConfig(1.0, 1, 1.0)
+    prompt = ids(30, 7)[0].tolist()
+    got = decode_native(graphed, prompt, 12, sampler).tokens
+    assert got == decode_native(plain, prompt, 12, sampler).tokens
+    assert "graph capture failed" in capsys.readouterr().err
+    assert graphed.graphs.disabled_reason is not None
+    assert not graphed.graphs.takes(graphed.prefill(ids(5, 8))[2], ids(1, 9))
+
+
+@pytest.mark.parametrize("sampler", [SamplerConfig(1.0, 1, 1.0), SamplerConfig(0.9, 4, 0.95)],
+                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize("rollback", ["slice", "replay"])
+def test_decoders_give_the_same_tokens_with_recordings(pair, sampler, rollback):
+    graphed, plain = pair
+    prompt = ids(60, 9)[0].tolist()
+    for drafter in (IdentityDrafter, lambda: KmerDrafter(order=3)):
+        runs = [decode_speculative(m, prompt, 40, sampler, drafter(), 6, RngKey(seed=4),
+                                   rollback=rollback) for m in (graphed, plain)]
+        assert runs[0].tokens == runs[1].tokens
+        assert runs[0].accepted == runs[1].accepted
+    natives = [decode_native(m, prompt, 40, sampler, RngKey(seed=4)).tokens for m in (graphed, plain)]
+    assert natives[0] == natives[1]
+    assert graphed.graphs.replays > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@torch.inference_mode()
+def test_cuda_graphs_equal_eager_on_gpu(make_model):
+    graphed = make_model(config(), seed=6).cuda()
+    plain = make_model(config(), seed=6).cuda()
+    graphed.use_graphs("cuda")
+    prompt = ids(40, 10).cuda()
+    sa, sb = graphed.prefill(prompt, reserve=200)[2], plain.prefill(prompt, reserve=200)[2]
+    for r in range(20):
+        k = (1, 13)[r % 2]
+        block_ids = ids(k, 300 + r).cuda()
+        la, _, ba = graphed.extend(sa, block_ids)
+        lb, _, bb = plain.extend(sb, block_ids)
+        torch.testing.assert_close(la, lb, atol=1e-3, rtol=1e-3)
+        j = 1 + r % k
+        sa, sb = ba.commit(j), bb.commit(j)
+    assert graphed.graphs.disabled_reason is None and graphed.graphs.replays > 0
