@@ -582,7 +582,8 @@ def test_cached_derived_weights_follow_weight_updates(make_model):
     seq = rand_ids(40, seed=8)
     with torch.inference_mode():
         _, _, st = model.prefill(seq[:, :30])
-        model.extend(st, seq[:, 30:31])  # builds the caches
+        model.extend(st, seq[:, 30:31])  # builds the caches (step and 3-token block)
+        model.extend(st, seq[:, 30:33])
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("mlp.l1.weight", "filter.h", "filter.log_poles", "short_filter_weight")):
@@ -595,3 +596,21 @@ def test_cached_derived_weights_follow_weight_updates(make_model):
         want = model(seq[:, :33])
     close(got, want[:, 30:33], what="block after the update")
     close(step[:, 0], want[:, 30], what="step after the update")
+
+
+@pytest.mark.parametrize("groups", [1, 4, 32])
+@torch.no_grad()
+def test_short_blocks_of_grouped_and_per_channel_filters(make_model, groups):
+    """Short blocks run grouped FIRs as Toeplitz products and per-channel ones as depthwise
+    convolutions; both equal the stateless forward for every k, batched."""
+    cfg = tiny_config(["hcs", "hcm", "attn"], hcs_filter_groups=groups, hcm_filter_groups=groups,
+                      hcm_filter_length=24)
+    model = make_model(cfg, seed=11)
+    seq = rand_ids(50, seed=12, batch=2)
+    full = model(seq)
+    _, _, base = model.prefill(seq[:, :30])
+    for k in (2, 3, 7, 13, 20):
+        lg, _, blk = model.extend(base, seq[:, 30: 30 + k])
+        close(lg, full[:, 30: 30 + k], what=f"groups {groups}, extend({k})")
+        nxt, _, _ = model.extend(blk.commit(k - 1), seq[:, 29 + k: 30 + k])
+        close(nxt[:, 0], full[:, 29 + k], what=f"groups {groups}, step after commit({k - 1})")

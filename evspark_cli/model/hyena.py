@@ -167,7 +167,8 @@ class HyenaFilter(nn.Module):
         """c = filter(w) for a block w (B, D, k) fp32 continuing state `st`; returns (c, pending)."""
         if self.kind in ("hcs", "hcm"):
             k = w.shape[-1]
-            toeplitz = self.fir_toeplitz(k) if 2 <= k <= SHORT_BLOCK else None
+            grouped = self.hidden // self.groups > 1  # else a depthwise conv is as cheap
+            toeplitz = self.fir_toeplitz(k) if grouped and 2 <= k <= SHORT_BLOCK else None
             c, pending = fir_extend(w, st, self.fir_taps(), toeplitz)  # type: ignore[arg-type]
             if self.kind == "hcm":
                 c = c + self.D.float()[:, None] * w
