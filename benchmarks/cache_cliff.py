@@ -1,0 +1,88 @@
+#!/usr/bin/env python
+"""Why a CPU decode step costs what it does: matrix-vector throughput against the bytes of
+weights a step streams, next to the bytes one decode step of a model reads.
+
+A decode step multiplies one token's activations by every weight matrix once. When all of them
+fit in the last-level cache they come back from it at tens of GB/s; past the cache's (effective)
+size each step evicts what the next one needs and they stream from DRAM, several times slower.
+This script cycles F.linear over n copies of a 1024 x 192 fp32 matrix (n sets the working set)
+and prints GB/s per working-set size, then the weight bytes per decode step of a model folder.
+
+    python benchmarks/cache_cliff.py --model models/evspark-sh2-192 --threads 2
+
+Results: benchmarks/results/cache_cliff.json (and a markdown table on stdout).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def gemv_throughput(n_mats: int, reps: int = 50) -> float:
+    """GB/s of weights read by F.linear(x, W) cycling over n_mats distinct 1024 x 192 matrices."""
+    mats = [torch.randn(1024, 192) for _ in range(n_mats)]
+    x = torch.randn(1, 1, 192)
+    with torch.inference_mode():
+        for _ in range(5):
+            for w in mats:
+                F.linear(x, w)
+        t = time.perf_counter()
+        for _ in range(reps):
+            for w in mats:
+                F.linear(x, w)
+        dt = time.perf_counter() - t
+    return reps * n_mats * mats[0].numel() * 4 / dt / 1e9
+
+
+def step_weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every block's matrices (the MLP's two input
+    projections count once, as the fused product reads them) plus the tied output embedding."""
+    total = model.embedding_layer.weight.numel() * model.embedding_layer.weight.element_size()
+    for blk in model.blocks:
+        for p in blk.parameters():
+            total += p.numel() * p.element_size()
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(ROOT / "models" / "evspark-sh2-192"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sizes-mb", type=float, nargs="+",
+                    default=[2, 6, 10, 12, 13, 14, 15, 16, 20, 32])
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cache_cliff.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from evspark_cli.model.checkpoint import load_model
+
+    model = load_model(args.model)
+    step_mb = step_weight_bytes(model) / 1e6
+    rows = []
+    for mb in args.sizes_mb:
+        n = max(1, round(mb * 1e6 / (1024 * 192 * 4)))
+        rows.append({"working_set_mb": round(n * 1024 * 192 * 4 / 1e6, 1),
+                     "gb_per_s": round(gemv_throughput(n), 1)})
+    res = {"benchmark": "cache_cliff", "model": args.model, "step_weight_mb": round(step_mb, 2),
+           "threads": args.threads, "machine": platform.processor() or platform.machine(),
+           "rows": rows, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    args.out.write_text(json.dumps(res, indent=1) + "\n")
+    print("| weights cycled (MB) | matrix-vector GB/s |\n|---|---|")
+    for r in rows:
+        print(f"| {r['working_set_mb']} | {r['gb_per_s']} |")
+    print(f"\n{Path(args.model).name}: {step_mb:.1f} MB of fp32 weights read per decode step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
