@@ -142,10 +142,22 @@ def bench_decode(model: StripedHyena, args) -> dict:
     step_s = median_time(step, args.reps, args.warmup)
     base = box["st"]  # context + warm-up + reps tokens; every later measurement starts here
 
-    # extend(k) from one fixed state (rows past its length are scratch, rewritten each call)
-    extend_s = {}
+    # extend(k) paired with a step: each repetition times one decode step and one extend(k) from
+    # the same live state (its rows past the length are scratch), so that drift of a shared
+    # machine cancels in the ratio; extend_over_step[k] = median extend(k) / median paired step
+    extend_s, paired_step_s = {}, {}
     for k in EXTEND_KS:
-        extend_s[k] = median_time(lambda: model.extend(base, drafts[:, :k]), args.reps, args.warmup)
+        t_ext, t_step = [], []
+        for r in range(args.warmup + args.reps):
+            t0 = time.perf_counter()
+            step()
+            t1 = time.perf_counter()
+            model.extend(box["st"], drafts[:, :k])
+            t2 = time.perf_counter()
+            if r >= args.warmup:
+                t_step.append(t1 - t0)
+                t_ext.append(t2 - t1)
+        extend_s[k], paired_step_s[k] = statistics.median(t_ext), statistics.median(t_step)
 
     # commit(j) of a k=16 block: slicing only
     _, _, blk16 = model.extend(base, drafts[:, :16])
@@ -182,8 +194,10 @@ def bench_decode(model: StripedHyena, args) -> dict:
         "step_s": step_s,
         "steps_per_s": 1.0 / step_s,
         "extend_s": {str(k): v for k, v in extend_s.items()},
-        "extend_over_step": {str(k): v / step_s for k, v in extend_s.items()},
-        "extend_per_token_over_step": {str(k): v / (k * step_s) for k, v in extend_s.items()},
+        "paired_step_s": {str(k): v for k, v in paired_step_s.items()},
+        "extend_over_step": {str(k): v / paired_step_s[k] for k, v in extend_s.items()},
+        "extend_per_token_over_step": {str(k): v / (k * paired_step_s[k])
+                                       for k, v in extend_s.items()},
         "commit_s": {str(j): v for j, v in commit_s.items()},
         "clone_s": clone_s,
         "replay_extend_commit_s": {str(j): v for j, v in replay_s.items()},
