@@ -573,3 +573,16 @@ def test_convert_the_oracle_checkpoint(tmp_path):
     tokens = ref["greedy"]["tokens"][:n]
     want = "".join(chr(t) if chr(t).isascii() and chr(t).isalpha() else "N" for t in tokens)
     assert got == want
+
+
+def test_cuda_graph_option_is_accepted_and_changes_nothing_on_cpu(tmp_path, model, recs):
+    from evspark_cli.model.checkpoint import load_model
+
+    assert load_model(model).graphs is None  # graphs are a GPU feature
+    src = tmp_path / "in.fa"
+    src.write_text(records_text({"r1": recs["r1"]}))
+    a, b = tmp_path / "a.fa", tmp_path / "b.fa"
+    ok(gen(model, src, "-o", a, "-n", 12))
+    ok(gen(model, src, "-o", b, "-n", 12, "--no-cuda-graphs"))
+    assert a.read_text() == b.read_text()
+    ok(["verify", "--model", model, src, "-n", 8, "--drafter", "kmer", "--cuda-graphs"])
