@@ -614,3 +614,22 @@ def test_short_blocks_of_grouped_and_per_channel_filters(make_model, groups):
         close(lg, full[:, 30: 30 + k], what=f"groups {groups}, extend({k})")
         nxt, _, _ = model.extend(blk.commit(k - 1), seq[:, 29 + k: 30 + k])
         close(nxt[:, 0], full[:, 29 + k], what=f"groups {groups}, step after commit({k - 1})")
+
+
+def test_rotary_table_grows_and_gives_the_directly_computed_angles():
+    """Decode steps slice one cached cos/sin table; it grows on demand, boundedly, and every
+    slice equals the angles computed for those positions directly."""
+    from evspark_cli.model.attention import RotaryEmbedding
+
+    rot = RotaryEmbedding(16, 10000.0, 4.0)
+    x = torch.randn(1, 3, 2, 16)
+    x1, x2 = x.chunk(2, dim=-1)
+    with torch.inference_mode():
+        for t0 in (0, 5, 100, 70_000, 3):
+            t = torch.arange(t0, t0 + 3, dtype=torch.float32) / 4.0
+            ang = t[:, None] * rot.inv_freq[None, :]
+            cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
+            want = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+            close(rot(x, t0), want, tol=1e-5, what=f"positions {t0}..{t0 + 2}")
+        rows = rot.table(1)[0].shape[0]
+    assert 70_003 <= rows <= 70_003 + (1 << 16)

@@ -25,8 +25,9 @@ class RotaryEmbedding(nn.Module):
     def table(self, n: int) -> tuple[Tensor, Tensor]:
         """cos and sin of the angles at positions 0..n-1 or more, (n', d_h / 2) fp32.
 
-        In inference one table (grown by doubling) serves every step, so a decode step slices a
-        row instead of recomputing it; positions get the same values in prefill and decode."""
+        In inference one table serves every step, so a decode step slices a row instead of
+        recomputing it; positions get the same values in prefill and decode. It grows by
+        doubling, at most 64k rows at a time (a few percent of the KV cache it indexes)."""
 
         def build(m: int) -> tuple[Tensor, Tensor]:
             t = torch.arange(m, device=self.inv_freq.device, dtype=torch.float32) / self.scale
@@ -37,7 +38,8 @@ class RotaryEmbedding(nn.Module):
         if cos.shape[0] < n:
             self._derived.drop("table")
             cos, sin = self._derived.get("table", (self.inv_freq,),
-                                         lambda: build(max(n, 2 * cos.shape[0])))
+                                         lambda: build(max(n, cos.shape[0]
+                                                           + min(cos.shape[0], 1 << 16))))
         return cos, sin
 
     def forward(self, x: Tensor, t0: int | Tensor) -> Tensor:
