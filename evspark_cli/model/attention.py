@@ -34,13 +34,8 @@ class RotaryEmbedding(nn.Module):
             ang = t[:, None] * self.inv_freq.float()[None, :]
             return ang.cos(), ang.sin()
 
-        cos, sin = self._derived.get("table", (self.inv_freq,), lambda: build(n))
-        if cos.shape[0] < n:
-            self._derived.drop("table")
-            cos, sin = self._derived.get("table", (self.inv_freq,),
-                                         lambda: build(max(n, cos.shape[0]
-                                                           + min(cos.shape[0], 1 << 16))))
-        return cos, sin
+        return self._derived.covering("table", (self.inv_freq,), n, build,
+                                      grow=lambda have: have + min(have, 1 << 16))
 
     def forward(self, x: Tensor, t0: int | Tensor) -> Tensor:
         """Rotate halves of x (B, k, ..., d_h) at positions t0..t0+k-1.

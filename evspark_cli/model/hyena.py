@@ -147,11 +147,9 @@ class HyenaFilter(nn.Module):
                 out.append(torch.einsum("ds,dst->dt", R, torch.exp(lam[..., None] * t)))
             return torch.cat(out, dim=-1)
 
-        sources = (self.log_poles, self.residues)
-        h = self._memo("impulse", sources, lambda: build(n))
-        if h.shape[-1] < n:  # a longer chunk than any before: rebuild and keep the longer one
-            self._derived.drop("impulse")
-            h = self._memo("impulse", sources, lambda: build(n))
+        # a longer chunk than any before rebuilds it at exactly that length
+        h = self._derived.covering("impulse", (self.log_poles, self.residues), n, build,
+                                   grow=lambda have: n)
         return h[:, :n]
 
     def li_toeplitz(self, k: int) -> tuple[Tensor, Tensor]:

@@ -38,6 +38,17 @@ class Derived:
         self._cache[name] = (sig, value)
         return value
 
+    def covering(self, name: str, sources: tuple[Tensor, ...], n: int,
+                 build: Callable[[int], Any], grow: Callable[[int], int]) -> Any:
+        """A cached entry covering at least n positions (`_length`), rebuilt for
+        max(n, grow(positions held)) when more are asked for (LI impulse, RoPE table)."""
+        value = self.get(name, sources, lambda: build(n))
+        have = _length(value)
+        if have < n:
+            self.drop(name)
+            value = self.get(name, sources, lambda: build(max(n, grow(have))))
+        return value
+
     def peek(self, name: str) -> Any:
         """The cached value as it is, unchecked (for captured graphs, which built it beforehand)."""
         hit = self._cache.get(name)
@@ -47,6 +58,11 @@ class Derived:
 
     def drop(self, name: str) -> None:
         self._cache.pop(name, None)
+
+
+def _length(value: Any) -> int:
+    """Positions held by a growing cache entry: a (D, n) impulse or a (cos, sin) pair of (n, d)."""
+    return value[0].shape[0] if isinstance(value, tuple) else value.shape[-1]
 
 
 class RMSNorm(nn.Module):
@@ -105,7 +121,7 @@ class ResidualBlock(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor, st, t0: int):
-        # norms and MLP called as functions: module dispatch is a tenth of a CPU decode step
+        # norms and MLP called as functions: no module dispatch on the per-token path
         y, pending = self.mix(rms_norm(x, self.pre_norm.scale, self.pre_norm.eps), st, t0)
         x = x + y
         return x + self.mlp.forward(rms_norm(x, self.post_norm.scale, self.post_norm.eps)), pending
