@@ -82,15 +82,12 @@ def argmax_lowest(logits: Tensor) -> Tensor:
 def _top_k_mask(x: Tensor, k: int) -> Tensor:
     """Keep exactly k entries per row; among ties at the k-th value the lowest indices win.
 
-    torch.topk's choice among ties is unspecified, so only its k-th *value* is used.
-    """
+    A stable descending sort keeps equal values in index order, so its first k positions are
+    exactly that set (torch.topk's choice among ties is unspecified)."""
     if k == 0 or k >= x.shape[-1]:
         return torch.ones_like(x, dtype=torch.bool)
-    kth = torch.topk(x, k, dim=-1).values[..., -1:]
-    above = x > kth
-    tied = x == kth
-    room = k - above.sum(dim=-1, keepdim=True)
-    return above | (tied & (tied.cumsum(dim=-1) <= room))
+    order = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+    return torch.zeros_like(x, dtype=torch.bool).scatter_(-1, order, True)
 
 
 def _top_p_mask(z: Tensor, keep: Tensor, top_p: float) -> Tensor:
@@ -113,11 +110,13 @@ def sampler_probs(logits: Tensor, cfg: SamplerConfig) -> Tensor:
         hot = torch.nn.functional.one_hot(argmax_lowest(x), x.shape[-1])
         return hot.to(x.dtype)
     keep = _top_k_mask(x, cfg.top_k)
-    big = torch.finfo(x.dtype).max
-    z = (x / cfg.temperature).clamp(-big, big)  # T < 1 may overflow scrubbed ±fp32 max
+    z = x
+    if cfg.temperature != 1.0:  # x / 1 is x: skip two ops per call at Evo 2's default
+        big = torch.finfo(x.dtype).max
+        z = (x / cfg.temperature).clamp(-big, big)  # T < 1 may overflow scrubbed ±fp32 max
     if cfg.top_p < 1.0:
         keep = keep & _top_p_mask(z, keep, cfg.top_p)
-    return torch.softmax(z.masked_fill(~keep, -math.inf), dim=-1)
+    return torch.softmax(torch.where(keep, z, -math.inf), dim=-1)
 
 
 # --------------------------------------------------------------------------- counter-based RNG
@@ -217,14 +216,14 @@ def sample_from_probs(probs: Tensor, u: Tensor | float) -> Tensor:
 
     probs need not be normalised but each row needs positive mass (an all-zero row gives 0).
     A zero-probability index is never returned: a zero entry adds nothing to the cumulative sum,
-    and a u·total that rounding puts at or beyond the end is clamped to the last index with
-    positive mass.
+    and a u·total that rounding puts at or beyond the end is clamped to the first index where
+    the cumulative sum reaches its total, which has positive mass.
     """
     p = probs.to(torch.float64)
-    cdf = p.cumsum(dim=-1)
-    u64 = torch.as_tensor(u, dtype=torch.float64, device=p.device).expand(p.shape[:-1])
-    target = (u64 * cdf[..., -1]).unsqueeze(-1)
-    idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
-    positions = torch.arange(p.shape[-1], device=p.device)
-    last_positive = torch.where(p > 0, positions, 0).amax(dim=-1)
-    return torch.minimum(idx, last_positive)
+    cdf = p.cumsum(dim=-1).contiguous()
+    total = cdf[..., -1:].contiguous()
+    u64 = torch.as_tensor(u, dtype=torch.float64, device=p.device)
+    target = (u64[..., None] if u64.dim() else u64) * total
+    idx = torch.searchsorted(cdf, target, right=True)
+    reach = torch.searchsorted(cdf, total)  # first index with cdf >= total
+    return torch.minimum(idx, reach).squeeze(-1)

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .layers import Derived, ResidualBlock
+from .layers import Derived, ResidualBlock, linear
 from .state import KVCache, KVPending, KVState
 
 QUERY_CHUNK = 1024  # long prefill chunks attend in slices of queries to bound the score matrix
@@ -70,7 +70,7 @@ class MHA(nn.Module):
     def forward(self, u: Tensor, st: KVState | None, t0: int | Tensor
                 ) -> tuple[Tensor, KVPending | None]:
         B, k, _ = u.shape
-        qkv = F.linear(u, self.Wqkv.weight, self.Wqkv.bias).view(B, k, 3, self.heads, self.head_dim)
+        qkv = linear(u, self.Wqkv.weight, self.Wqkv.bias).view(B, k, 3, self.heads, self.head_dim)
         qk = self.rotary_emb.forward(qkv[:, :, :2], t0)  # queries and keys in one rotation
         q, key = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2)  # (B, H, k, d_h)
         val = qkv[:, :, 2].transpose(1, 2)
@@ -85,7 +85,7 @@ class MHA(nn.Module):
             pending = KVPending(st.cache, t0, version)
             o = attend_block(q, st.cache.k[:, :, : t0 + k], st.cache.v[:, :, : t0 + k], t0)
         o = o.transpose(1, 2).reshape(B, k, -1)
-        return F.linear(o, self.out_proj.weight, self.out_proj.bias), pending
+        return linear(o, self.out_proj.weight, self.out_proj.bias), pending
 
     def empty_state(self, batch: int, capacity: int, dtype: torch.dtype, device) -> KVState:
         return KVState(KVCache(batch, capacity, self.heads, self.head_dim, dtype, device), 0)

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..errors import ModelError
 from .config import ModelConfig
+from .layers import input_major
 from .model import StripedHyena
 
 FP32_KEEP = ("filter.log_poles", "filter.residues", "rotary_emb.inv_freq")
@@ -128,6 +129,8 @@ def load_model(path: str | Path | None = None, device: str | None = "cpu",
     dev = resolve_device(device)
     model = cast_model(model.to(dev), resolve_dtype(dtype, dev))
     model.eval()
+    if dev.type == "cpu":
+        input_major(model, extra=(model.embedding_layer.weight,))
     model.source_dir = folder  # type: ignore[attr-defined]
     if cuda_graphs and dev.type == "cuda":
         model.use_graphs("cuda")

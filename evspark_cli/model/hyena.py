@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .layers import Derived, ResidualBlock
+from .layers import Derived, ResidualBlock, linear
 from .state import FIRPending, FIRWindow, HyenaPending, HyenaState, ModalPending, ModalState
 
 SHORT_BLOCK = 64  # blocks up to this length: LI states by a k x k product, FIRs by Toeplitz GEMMs
@@ -235,7 +235,7 @@ class HyenaBlock(ResidualBlock):
 
     def mix(self, u: Tensor, st: HyenaState | None, t0: int) -> tuple[Tensor, HyenaPending | None]:
         act = u.dtype
-        p = F.linear(u, self.projections.weight).transpose(1, 2).float()  # (B, 3D, k)
+        p = linear(u, self.projections.weight).transpose(1, 2).float()  # (B, 3D, k)
         z, feat_pending = fir_extend(p, st.feat if st is not None else None, self.filter.feat_taps())
         z = z.to(act)
         q, k, v = z[:, 0::3], z[:, 1::3], z[:, 2::3]  # de-interleave: post-gate, pre-gate, value
@@ -245,7 +245,7 @@ class HyenaBlock(ResidualBlock):
             y = (q.float() * c).to(act)
         else:
             y = q * c.to(act)
-        out = F.linear(y.transpose(1, 2), self.out_filter_dense.weight, self.out_filter_dense.bias)
+        out = linear(y.transpose(1, 2), self.out_filter_dense.weight, self.out_filter_dense.bias)
         pending = HyenaPending(feat_pending, inner_pending) if st is not None else None
         return out, pending
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import AttentionBlock
 from .config import ModelConfig
 from .hyena import HyenaBlock
-from .layers import ResidualBlock, RMSNorm
+from .layers import ResidualBlock, RMSNorm, linear
 from .state import Block, InferenceState
 
 if TYPE_CHECKING:
@@ -61,7 +60,7 @@ class StripedHyena(nn.Module):
             if hidden and i in self.hidden_layers:
                 keep.append(x)
         x = self.norm(x) if self.config.final_norm else x
-        logits = F.linear(x, self.embedding_layer.weight)
+        logits = linear(x, self.embedding_layer.weight)
         hid = torch.stack(keep, dim=2) if hidden else None  # (B, k, n_layers, D)
         block = Block(tuple(pendings), t0, ids.shape[1]) if state is not None else None
         return logits, hid, block

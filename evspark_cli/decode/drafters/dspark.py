@@ -184,15 +184,15 @@ class DSparkDrafter:
         Q = sampler_probs(U[:, None, :] + net.markov[:gamma].float(), sampler)  # (g, V+1, V)
         P = Q.to(torch.float64)
         cdf = P.cumsum(dim=-1).tolist()
-        positive = (P > 0).tolist()
         rows, prev = [], int(net.lut[anchor])
         for k, uk in enumerate(u.tolist()):  # inverse-CDF draws, as sampling.sample_from_probs
             c = cdf[k][prev]
             target = uk * c[-1]
-            i = next((j for j, cj in enumerate(c) if cj > target), len(c) - 1)
-            last_positive = max((j for j, ok in enumerate(positive[k][prev]) if ok), default=0)
+            i = next((j for j, cj in enumerate(c) if cj > target), None)
+            if i is None:  # rounding put the target at the end: the first index reaching it
+                i = next(j for j, cj in enumerate(c) if cj >= c[-1])
             rows.append(prev)
-            prev = min(i, last_positive)
+            prev = i
         dev = Q.device
         q_small = Q[torch.arange(gamma, device=dev), torch.tensor(rows, device=dev)]  # (g, V)
         q = q_small.new_zeros(gamma, self.cfg.vocab_size)
