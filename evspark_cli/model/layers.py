@@ -93,18 +93,18 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     n = _reduction_slices(weight, rows, x.device) if rows else 1
     if n == 1:
         return F.linear(x, weight, bias)
-    parts = weight.t().view(n, d_in // n, weight.shape[0])  # a view of the input-major storage
-    xs = x.reshape(rows, n, d_in // n).transpose(0, 1)  # (n, rows, d_in / n)
+    d_out, part = weight.shape[0], d_in // n
+    parts = weight.as_strided((n, part, d_out), (part * d_out, d_out, 1))  # the storage, sliced
+    xs = x.reshape(n, 1, part) if rows == 1 else x.reshape(rows, n, part).transpose(0, 1)
     y = torch.bmm(xs, parts).sum(0)
     if bias is not None:
         y = y + bias
-    return y.view(*x.shape[:-1], weight.shape[0])
+    return y.view(*x.shape[:-1], d_out)
 
 
 def _reduction_slices(weight: Tensor, rows: int, device: torch.device) -> int:
-    if device.type != "cpu" or rows > SPLIT_ROWS or weight.is_contiguous():
-        return 1
-    if not weight.t().is_contiguous():
+    """How many slices of the reduction a product splits into (1: plain F.linear)."""
+    if device.type != "cpu" or rows > SPLIT_ROWS or weight.stride() != (1, weight.shape[0]):
         return 1
     n, d_in = torch.get_num_threads(), weight.shape[1]
     while n > 1 and (d_in % n or d_in // n < 32):

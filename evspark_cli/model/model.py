@@ -13,12 +13,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import AttentionBlock
 from .config import ModelConfig
 from .hyena import HyenaBlock
-from .layers import ResidualBlock, RMSNorm, linear
+from .layers import Derived, ResidualBlock, RMSNorm, linear
 from .state import Block, InferenceState
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class StripedHyena(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.eps)
         self.hidden_layers: list[int] = cfg.drafter_layers
         self.graphs: GraphRunner | None = None  # set by use_graphs()
+        self._derived = Derived()
 
     # ------------------------------------------------------------------ core
     @property
@@ -49,7 +51,7 @@ class StripedHyena(nn.Module):
              position: Tensor | None = None) -> tuple[Tensor, Tensor | None, Block | None]:
         """The one forward pass. `position` (a device scalar standing for state.seqlen) is the
         graph-capturable form: attention then reads its position from the device (graphs.py)."""
-        x = self.embedding_layer(ids)
+        x = F.embedding(ids, self._lookup_table())
         t0 = state.seqlen if state is not None else 0
         where: int | Tensor = t0 if position is None else position
         keep: list[Tensor] = []
@@ -64,6 +66,12 @@ class StripedHyena(nn.Module):
         hid = torch.stack(keep, dim=2) if hidden else None  # (B, k, n_layers, D)
         block = Block(tuple(pendings), t0, ids.shape[1]) if state is not None else None
         return logits, hid, block
+
+    def _lookup_table(self) -> Tensor:
+        """The embedding as row-major (V, D) for lookups: with an input-major CPU layout (kept
+        for the tied unembedding, which reads every row per step) a row would be D strided reads."""
+        w = self.embedding_layer.weight
+        return w if w.is_contiguous() else self._derived.get("rows", (w,), w.contiguous)
 
     def forward(self, ids: Tensor, return_hidden: bool = False):
         """Stateless logits (B, L, V) for whole sequences; optionally the drafter's hidden states."""
