@@ -9,8 +9,8 @@ decode step. Three ways, interleaved over --rounds rounds (medians reported):
 
 - `output-major`: F.linear on the (out, in) row-major weight (how nn.Linear stores it);
 - `input-major`:  F.linear on the same values stored (in, out) row-major (seen through .t());
-- `split`:        `layers.linear` on the input-major weight (bmm over slices of the reduction,
-                  one per core).
+- `split`:        `layers.linear` on the input-major weight (bmm over column slices of the
+                  weight, one per core).
 
     python benchmarks/weight_layout.py                  # writes results/weight_layout.json
     python benchmarks/weight_layout.py --threads 2 --rows 1 13

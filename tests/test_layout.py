@@ -53,10 +53,22 @@ def test_split_product_equals_f_linear(d_in, d_out, shape, bias):
     b = torch.randn(d_out, generator=g) if bias else None
     x = torch.randn(*shape, d_in, generator=g)
     wi = input_major_copy(w)
-    assert layers._reduction_slices(wi, x.numel() // d_in, x.device) == 2  # the split path
+    assert layers._column_slices(wi, x.numel() // d_in, x.device) == 2  # the split path
     got = linear(x, wi, b)
     assert got.shape == (*shape, d_out)
     assert torch.allclose(got, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_split_does_not_depend_on_the_thread_count():
+    g = torch.Generator().manual_seed(2)
+    w = input_major_copy(torch.randn(192, 96, generator=g))
+    b, x = torch.randn(192, generator=g), torch.randn(1, 13, 96, generator=g)
+    outs = []
+    for threads in (2, 3, 4):
+        torch.set_num_threads(threads)
+        assert layers._column_slices(w, 13, x.device) == threads
+        outs.append(linear(x, w, b))
+    assert all(torch.allclose(o, outs[0], atol=1e-6, rtol=0) for o in outs)
 
 
 def test_split_takes_a_transposed_input():
@@ -68,13 +80,13 @@ def test_split_takes_a_transposed_input():
 
 def test_plain_product_where_splitting_does_not_apply():
     w = torch.randn(64, 64)
-    assert layers._reduction_slices(w, 1, torch.device("cpu")) == 1  # output-major storage
+    assert layers._column_slices(w, 1, torch.device("cpu")) == 1  # output-major storage
     wi = input_major_copy(w)
-    assert layers._reduction_slices(wi, layers.SPLIT_ROWS + 1, torch.device("cpu")) == 1
-    assert layers._reduction_slices(input_major_copy(torch.randn(8, 40)), 1,
-                                    torch.device("cpu")) == 1  # slices under 32 inputs
+    assert layers._column_slices(wi, layers.SPLIT_ROWS + 1, torch.device("cpu")) == 1
+    assert layers._column_slices(input_major_copy(torch.randn(40, 8)), 1,
+                                 torch.device("cpu")) == 1  # slices under 32 outputs
     torch.set_num_threads(1)
-    assert layers._reduction_slices(wi, 1, torch.device("cpu")) == 1
+    assert layers._column_slices(wi, 1, torch.device("cpu")) == 1
 
 
 def test_input_major_keeps_values_names_and_checkpoints(make_model, tmp_path):

@@ -61,14 +61,14 @@ class Derived:
 
 
 def input_major(module: nn.Module, extra: tuple[Tensor, ...] = ()) -> None:
-    """Store the CPU weights of `module`'s projections that are at least as wide out as in
-    (and the (out, in) matrices in `extra`) input-major: the same values, in (in, out) row-major
-    storage seen through `.t()`, which makes `F.linear` a plain `x @ W_t` product.
+    """Store the CPU weights of `module`'s projections (and the (out, in) matrices in `extra`)
+    input-major: the same values in (in, out) row-major storage, seen through `.t()`.
 
-    Why: MKL reads that layout from DRAM 1.5-2.6x faster for the 1-13-row products of decoding and
-    verification, and no slower for narrow outputs it is not applied to
-    (`benchmarks/weight_layout.py`). Names, values and `state_dict()` are unchanged (checkpoints
-    are written `.contiguous()`); CUDA weights are left alone.
+    Why: for the 1-16-row products of decoding and verification, `linear` then splits each
+    product over the cores by column slices of that storage, and even unsplit, MKL streams it
+    from DRAM faster than the (out, in) layout (`benchmarks/weight_layout.py`). Names, values
+    and `state_dict()` are unchanged (checkpoints are written `.contiguous()`); CUDA weights
+    are left alone.
     """
     weights = [m.weight for m in module.modules() if isinstance(m, nn.Linear)] + list(extra)
     with torch.no_grad():
@@ -77,37 +77,37 @@ def input_major(module: nn.Module, extra: tuple[Tensor, ...] = ()) -> None:
                 w.data = w.data.t().contiguous().t()
 
 
-SPLIT_ROWS = 16  # products of at most this many rows split their reduction across cores
+SPLIT_ROWS = 16  # products of at most this many rows are split over the cores
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """`F.linear`, except for a few rows (decode steps, verification blocks) against an
-    input-major CPU weight: those run as one `bmm` over n slices of the reduction dimension,
-    which ATen spreads over n cores, then a sum of the n partial products.
+    input-major CPU weight: those run as one `bmm` (`baddbmm` with a bias) over n column slices
+    of the (in, out) storage, which ATen spreads over n cores.
 
-    Why: MKL computes such skinny products on one core, at about a third of the memory bandwidth
-    two cores reach (`benchmarks/weight_layout.py`). Equal to `F.linear` up to fp32 summation
-    order."""
+    Why: MKL computes such skinny products on one core, at about half the memory bandwidth two
+    cores reach (`benchmarks/weight_layout.py`). Each output is still one dot product over the
+    whole input, so the result does not depend on n."""
     d_in = x.shape[-1]
     rows = x.numel() // d_in if d_in else 0
-    n = _reduction_slices(weight, rows, x.device) if rows else 1
+    n = _column_slices(weight, rows, x.device) if rows else 1
     if n == 1:
         return F.linear(x, weight, bias)
-    d_out, part = weight.shape[0], d_in // n
-    parts = weight.as_strided((n, part, d_out), (part * d_out, d_out, 1))  # the storage, sliced
-    xs = x.reshape(n, 1, part) if rows == 1 else x.reshape(rows, n, part).transpose(0, 1)
-    y = torch.bmm(xs, parts).sum(0)
-    if bias is not None:
-        y = y + bias
+    d_out = weight.shape[0]
+    part = d_out // n
+    parts = weight.as_strided((n, d_in, part), (part, d_out, 1))  # column slices, no copy
+    xs = x.reshape(1, rows, d_in).expand(n, rows, d_in)
+    y = torch.bmm(xs, parts) if bias is None else torch.baddbmm(bias.view(n, 1, part), xs, parts)
+    y = y.view(1, d_out) if rows == 1 else y.transpose(0, 1).reshape(rows, d_out)
     return y.view(*x.shape[:-1], d_out)
 
 
-def _reduction_slices(weight: Tensor, rows: int, device: torch.device) -> int:
-    """How many slices of the reduction a product splits into (1: plain F.linear)."""
+def _column_slices(weight: Tensor, rows: int, device: torch.device) -> int:
+    """How many column slices a product splits into (1: plain F.linear)."""
     if device.type != "cpu" or rows > SPLIT_ROWS or weight.stride() != (1, weight.shape[0]):
         return 1
-    n, d_in = torch.get_num_threads(), weight.shape[1]
-    while n > 1 and (d_in % n or d_in // n < 32):
+    n, d_out = torch.get_num_threads(), weight.shape[0]
+    while n > 1 and (d_out % n or d_out // n < 32):
         n -= 1
     return n
 
