@@ -106,6 +106,12 @@ def test_input_major_keeps_values_names_and_checkpoints(make_model, tmp_path):
     assert loaded.blocks[0].mlp.l1.weight.t().is_contiguous()  # load_model lays out for CPU
 
 
+def test_input_major_leaves_bf16_weights_alone(make_model):
+    model = make_model(config(), seed=3).to(torch.bfloat16)
+    input_major(model)
+    assert model.blocks[0].mlp.l1.weight.is_contiguous()
+
+
 def test_fused_mlp_weight_keeps_the_layout():
     a, b = input_major_copy(torch.randn(96, 64)), input_major_copy(torch.randn(96, 64))
     fused = cat_rows([a, b])
