@@ -12,6 +12,11 @@ decode step. Three ways, interleaved over --rounds rounds (medians reported):
 - `split`:        `layers.linear` on the input-major weight (bmm over column slices of the
                   weight, one per core).
 
+Then the whole model, both ways in one process: the model folder loaded as `load_model` gives it
+(input-major, split products) and a copy with contiguous (out, in) weights, each timing a decode
+step (extend k = 1 + commit) and extend(13) from the same live state at --context tokens,
+interleaved over --rounds rounds.
+
     python benchmarks/weight_layout.py                  # writes results/weight_layout.json
     python benchmarks/weight_layout.py --threads 2 --rows 1 13
 """
@@ -56,6 +61,33 @@ def time_way(fn, weights, xs, rounds: int) -> float:
     return statistics.median(per)
 
 
+def model_ab(folder: str, context: int, rounds: int) -> dict:
+    """Median ms of a decode step and of extend(13): output-major model vs load_model's layout."""
+    from evspark_cli.model.checkpoint import load_model
+
+    models = {"input-major": load_model(folder), "output-major": load_model(folder)}
+    with torch.no_grad():
+        for p in models["output-major"].parameters():
+            p.data = p.data.contiguous()
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.tensor(list(b"ACGT"))[torch.randint(0, 4, (1, context), generator=g)]
+    times: dict[str, list[float]] = {}
+    with torch.inference_mode():
+        states = {n: m.prefill(prompt, keep_last=1, reserve=4096)[2] for n, m in models.items()}
+        one, block = torch.tensor([[65]]), torch.tensor([[65] * 13])
+        for _ in range(rounds):
+            for name in ("input-major", "output-major", "output-major", "input-major"):
+                m, st = models[name], states[name]
+                for what, ids in (("step", one), ("extend13", block)):
+                    for _ in range(3):
+                        m.extend(st, ids)[2].commit(ids.shape[1])
+                    t = time.perf_counter()
+                    for _ in range(30):
+                        m.extend(st, ids)[2].commit(ids.shape[1])
+                    times.setdefault(f"{name} {what}", []).append((time.perf_counter() - t) / 30 * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(ROOT / "models" / "evspark-sh2-192"))
@@ -63,6 +95,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 13])
     ap.add_argument("--cycle-mb", type=float, default=48.0, help="weight bytes cycled per shape")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--context", type=int, default=1024, help="prompt tokens before the model A/B")
+    ap.add_argument("--model-rounds", type=int, default=7)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "weight_layout.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -91,12 +125,20 @@ def main() -> int:
                 print(f"| {name} {d_out}x{d_in} | {k} | {med['output-major']:.1f} | "
                       f"{med['input-major']:.1f} | {med['split']:.1f} | {gbs:.1f} | "
                       f"{med['output-major'] / med['split']:.2f}x |")
+    ab = model_ab(args.model, args.context, args.model_rounds)
+    print(f"\nwhole model at {args.context} tokens of context (median ms, interleaved):\n")
+    print("| layout | decode step | extend(13) | extend(13) / step |\n|---|---|---|---|")
+    for name in ("output-major", "input-major"):
+        st, ex = ab[f"{name} step"], ab[f"{name} extend13"]
+        print(f"| {name} | {st:.3f} | {ex:.3f} | {ex / st:.2f} |")
+    print(f"input-major speedup: step {ab['output-major step'] / ab['input-major step']:.2f}x, "
+          f"extend(13) {ab['output-major extend13'] / ab['input-major extend13']:.2f}x")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "weight_layout", "model": args.model, "threads": args.threads,
         "torch": torch.__version__, "cycle_mb": args.cycle_mb, "rounds": args.rounds,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": rows_out},
-        indent=1) + "\n")
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": rows_out,
+        "model_ab_ms": ab, "model_ab_context": args.context}, indent=1) + "\n")
     return 0
 
 
