@@ -86,8 +86,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     input-major CPU weight: those run as one `bmm` (`baddbmm` with a bias) over n column slices
     of the (in, out) storage, which ATen spreads over n cores.
 
-    Why: MKL computes such skinny products on one core, at about half the memory bandwidth two
-    cores reach (`benchmarks/weight_layout.py`). Each output is still one dot product over the
+    Why: MKL computes such skinny products on one core, at a third to a half of the memory
+    bandwidth two cores reach (`benchmarks/cache_cliff.py`, `weight_layout.py`). Each output is still one dot product over the
     whole input, so the result does not depend on n."""
     d_in = x.shape[-1]
     rows = x.numel() // d_in if d_in else 0
@@ -105,7 +105,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def _column_slices(weight: Tensor, rows: int, device: torch.device) -> int:
     """How many column slices a product splits into (1: plain F.linear)."""
-    if device.type != "cpu" or rows > SPLIT_ROWS or weight.stride() != (1, weight.shape[0]):
+    if device.type != "cpu" or rows > SPLIT_ROWS or not is_input_major(weight):
         return 1
     n, d_out = torch.get_num_threads(), weight.shape[0]
     while n > 1 and (d_out % n or d_out // n < 32):
@@ -113,9 +113,14 @@ def _column_slices(weight: Tensor, rows: int, device: torch.device) -> int:
     return n
 
 
+def is_input_major(weight: Tensor) -> bool:
+    """An (out, in) matrix whose storage is (in, out) row-major."""
+    return weight.dim() == 2 and weight.stride() == (1, weight.shape[0])
+
+
 def cat_rows(weights: list[Tensor]) -> Tensor:
     """Stack (out, in) weights along out, keeping an input-major layout if they all have one."""
-    if all(w.t().is_contiguous() and not w.is_contiguous() for w in weights):
+    if all(is_input_major(w) for w in weights):
         return torch.cat([w.t() for w in weights], dim=1).t()
     return torch.cat(weights)
 
