@@ -116,6 +116,13 @@ def test_top_k_keeps_exactly_k_lowest_index_on_ties() -> None:
     assert support(probs) == {0, 1, 2, 3, 5}
 
 
+def test_top_k_rows_with_and_without_a_tie_at_the_cut() -> None:
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0],    # no tie across the cut
+                           [1.0, 3.0, 3.0, 0.0, 3.0]])   # three tied for two places
+    probs = sampler_probs(logits, SamplerConfig(top_k=2))
+    assert support(probs[0]) == {0, 1} and support(probs[1]) == {1, 2}
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(st.integers(-3, 3), min_size=2, max_size=12),

@@ -82,12 +82,20 @@ def argmax_lowest(logits: Tensor) -> Tensor:
 def _top_k_mask(x: Tensor, k: int) -> Tensor:
     """Keep exactly k entries per row; among ties at the k-th value the lowest indices win.
 
-    A stable descending sort keeps equal values in index order, so its first k positions are
-    exactly that set (torch.topk's choice among ties is unspecified)."""
+    torch.topk's choice among ties is unspecified, so only its k-th *value* is used: everything
+    at or above it is the answer when that is k entries per row (no tie across the cut, the
+    usual case, checked with one host read); otherwise ties at the cut are taken in index order.
+    """
     if k == 0 or k >= x.shape[-1]:
         return torch.ones_like(x, dtype=torch.bool)
-    order = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
-    return torch.zeros_like(x, dtype=torch.bool).scatter_(-1, order, True)
+    kth = torch.topk(x, k, dim=-1).values[..., -1:]
+    keep = x >= kth  # at least k per row
+    if int(keep.sum()) == k * (x.numel() // x.shape[-1]):
+        return keep
+    above = x > kth
+    tied = x == kth
+    room = k - above.sum(dim=-1, keepdim=True)
+    return above | (tied & (tied.cumsum(dim=-1) <= room))
 
 
 def _top_p_mask(z: Tensor, keep: Tensor, top_p: float) -> Tensor:
