@@ -18,19 +18,16 @@ from evspark_cli.decode.speculative import decode_speculative
 from evspark_cli.model import graphs as graphs_mod
 from evspark_cli.model.config import ModelConfig
 from evspark_cli.model.state import StaleBlockError
+from tiny import stripe_config
 
 TOL = 1e-4
 PATTERN = ["hcs", "attn", "hcm", "hcl", "attn", "hcl"]
 
 
 def config() -> ModelConfig:
-    idx = {k: [i for i, p in enumerate(PATTERN) if p == k] for k in ("hcs", "hcm", "hcl", "attn")}
-    return ModelConfig(hidden_size=32, num_layers=len(PATTERN), num_attention_heads=2,
-                       hcs_layer_idxs=idx["hcs"], hcm_layer_idxs=idx["hcm"],
-                       hcl_layer_idxs=idx["hcl"], attn_layer_idxs=idx["attn"],
-                       hcs_filter_groups=4, hcm_filter_groups=4, hcm_filter_length=16,
-                       state_size=8, inner_mlp_size=48, hidden_layers=[1, 3],
-                       use_interpolated_rotary_pos_emb=True, rotary_emb_scaling_factor=4.0)
+    return stripe_config(PATTERN, state_size=8, inner_mlp_size=48,
+                         evo2_style_activations=True, max_seqlen=ModelConfig().max_seqlen,
+                         use_interpolated_rotary_pos_emb=True, rotary_emb_scaling_factor=4.0)
 
 
 @pytest.fixture()

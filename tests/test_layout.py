@@ -17,6 +17,7 @@ from evspark_cli.model import layers
 from evspark_cli.model.checkpoint import load_model, save_model
 from evspark_cli.model.config import ModelConfig
 from evspark_cli.model.layers import cat_rows, input_major, linear
+from tiny import stripe_config
 
 TOL = 1e-4
 PATTERN = ["hcs", "attn", "hcm", "hcl", "attn", "hcl"]
@@ -31,13 +32,8 @@ def two_threads():
 
 
 def config() -> ModelConfig:
-    idx = {k: [i for i, p in enumerate(PATTERN) if p == k] for k in ("hcs", "hcm", "hcl", "attn")}
-    return ModelConfig(hidden_size=64, num_layers=len(PATTERN), num_attention_heads=2,
-                       hcs_layer_idxs=idx["hcs"], hcm_layer_idxs=idx["hcm"],
-                       hcl_layer_idxs=idx["hcl"], attn_layer_idxs=idx["attn"],
-                       hcs_filter_groups=4, hcm_filter_groups=4, hcm_filter_length=16,
-                       state_size=8, inner_mlp_size=96, hidden_layers=[1, 3],
-                       qkv_proj_bias=True, mha_out_proj_bias=True, hyena_out_proj_bias=True)
+    return stripe_config(PATTERN, hidden_size=64, state_size=8, inner_mlp_size=96,
+                         qkv_proj_bias=True, mha_out_proj_bias=True, hyena_out_proj_bias=True)
 
 
 def input_major_copy(w: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,14 @@ def tiny_config(**kw) -> ModelConfig:
     return ModelConfig(**base)
 
 
+def stripe_config(pattern: list[str], **kw) -> ModelConfig:
+    """`tiny_config` with the layer kinds of `pattern` (e.g. ["hcs", "attn", "hcm", "hcl"])."""
+    idx = {k: [i for i, p in enumerate(pattern) if p == k] for k in ("hcs", "hcm", "hcl", "attn")}
+    return tiny_config(num_layers=len(pattern), hcs_layer_idxs=idx["hcs"],
+                       hcm_layer_idxs=idx["hcm"], hcl_layer_idxs=idx["hcl"],
+                       attn_layer_idxs=idx["attn"], **kw)
+
+
 def trained_tiny_dir(out: Path, steps: int = 60, seed: int = 0) -> Path:
     """A tiny target trained for a few seconds on phiX174 (outputs are DNA letters)."""
     from evspark_cli.train.pretrain import TrainConfig, Trainer
