@@ -68,7 +68,7 @@ def input_major(module: nn.Module, extra: tuple[Tensor, ...] = ()) -> None:
     product over the cores by column slices of that storage, and even unsplit, MKL streams it
     from DRAM faster than the (out, in) layout (`benchmarks/weight_layout.py`). Names, values
     and `state_dict()` are unchanged (checkpoints are written `.contiguous()`). fp32 CPU weights
-    only: bf16 products ran 15 % slower so on this CPU, and CUDA has no such problem.
+    only: with bf16 weights this layout made a CPU step ~15 % slower, and CUDA does not need it.
     """
     weights = [m.weight for m in module.modules() if isinstance(m, nn.Linear)] + list(extra)
     with torch.no_grad():
@@ -87,8 +87,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     of the (in, out) storage, which ATen spreads over n cores.
 
     Why: MKL computes such skinny products on one core, at a third to a half of the memory
-    bandwidth two cores reach (`benchmarks/cache_cliff.py`, `weight_layout.py`). Each output is still one dot product over the
-    whole input, so the result does not depend on n."""
+    bandwidth two cores reach (`benchmarks/cache_cliff.py`, `weight_layout.py`). Each output is
+    still one dot product over the whole input, so the result does not depend on n."""
     d_in = x.shape[-1]
     rows = x.numel() // d_in if d_in else 0
     n = _column_slices(weight, rows, x.device) if rows else 1
