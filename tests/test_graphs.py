@@ -76,6 +76,18 @@ def test_recorded_blocks_equal_eager_extend_and_commit(pair):
 
 
 @torch.inference_mode()
+def test_model_made_under_inference_mode_still_records(make_model):
+    """Parameters created or moved under inference_mode are inference tensors (no version
+    counter); derived tables (the RoPE angles a recording reads) must still be cached."""
+    graphed = make_model(config(), seed=5).to(torch.float32)  # .to/.cuda here: inference tensors
+    plain = make_model(config(), seed=5)
+    assert next(graphed.parameters()).is_inference()
+    graphed.use_graphs("eager")
+    lockstep(graphed, plain, ids(20, 1), 100, [(ids(k, 60 + r), 1) for r, k in enumerate([1, 4] * 4)])
+    assert graphed.graphs.disabled_reason is None and graphed.graphs.replays > 0
+
+
+@torch.inference_mode()
 def test_returned_blocks_survive_later_replays(pair):
     """A replay overwrites the recording's outputs; blocks handed out earlier own copies."""
     graphed, plain = pair
@@ -177,3 +189,21 @@ def test_cuda_graphs_equal_eager_on_gpu(make_model):
         j = 1 + r % k
         sa, sb = ba.commit(j), bb.commit(j)
     assert graphed.graphs.disabled_reason is None and graphed.graphs.replays > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_speculative_decoding_equals_native(make_model):
+    """On a GPU (graphs replayed), greedy speculative = native for both drafters, and a sampled
+    run draws the same tokens as on CPU when the logits agree (the uniforms are CPU-generated)."""
+    model = make_model(config(), seed=6).cuda()
+    model.use_graphs("cuda")
+    prompt = ids(40, 11)[0].tolist()
+    greedy = SamplerConfig(1.0, 1, 1.0)
+    native = decode_native(model, prompt, 48, greedy)
+    for drafter in (KmerDrafter(), IdentityDrafter()):
+        spec = decode_speculative(model, prompt, 48, greedy, drafter, 6, RngKey(0, 0, 0))
+        assert spec.tokens == native.tokens
+    sampled = SamplerConfig(1.0, 4, 1.0)
+    runs = [decode_speculative(m, prompt, 48, sampled, KmerDrafter(), 6, RngKey(1, 0, 0)).tokens
+            for m in (model, make_model(config(), seed=6))]
+    assert runs[0] == runs[1]

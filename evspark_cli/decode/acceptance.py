@@ -94,6 +94,8 @@ def decide(p: Tensor, q: Tensor, drafts: Tensor, u_accept: Tensor) -> tuple[Tens
     enumerate the rule exactly.
     """
     gamma = _check_block(p, q, drafts, u_accept)
+    # the uniforms come from the CPU counter-based generator; the rule runs where p is
+    q, drafts, u_accept = q.to(p.device), drafts.to(p.device), u_accept.to(p.device)
     p64 = p.to(torch.float64)
     if gamma == 0:
         return torch.zeros((), dtype=torch.int64, device=p.device), p64[0]

@@ -25,10 +25,11 @@ class Derived:
     def get(self, name: str, sources: tuple[Tensor, ...], build: Callable[[], Any]) -> Any:
         if torch.is_grad_enabled():
             return build()
-        try:
-            sig = tuple((id(t), t._version, t.data_ptr()) for t in sources)
-        except RuntimeError:  # inference tensors have no version counter: never cached
-            return build()
+        # inference tensors (a model moved or loaded under inference_mode) have no version
+        # counter; they cannot be updated in place outside inference_mode, so (object,
+        # storage) identifies them. Uncached, a captured graph would find no RoPE table.
+        sig = tuple((id(t), -1 if t.is_inference() else t._version, t.data_ptr())
+                    for t in sources)
         hit = self._cache.get(name)
         if hit is not None and hit[0] == sig:
             return hit[1]
