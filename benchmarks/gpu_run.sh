@@ -13,3 +13,4 @@ timeout "${T_TEST:-90}" python3 -m pytest -q -p no:cacheprovider tests/test_grap
 timeout "${T_BUNDLED:-120}" python3 benchmarks/gpu_bundled.py --out "$OUT/bundled.json" \
   2>&1 | tee "$OUT/bundled.log"
 timeout "${T_7B:-240}" python3 benchmarks/gpu_check.py --out "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log"
+OUT="$OUT" timeout "${T_CLI:-240}" bash benchmarks/gpu_cli_smoke.sh
