@@ -311,8 +311,10 @@ def verify(
     shard: Optional[str] = ShardOpt,
     rollback: str = typer.Option("slice", "--rollback", help="slice or replay."),
     report: Optional[str] = typer.Option(None, "--report", help="Write a JSON report here."),
-    tie_tolerance: float = typer.Option(1e-3, "--tie-tolerance", help="A divergence is a tie when "
-                                        "the native top-1/top-2 logit gap there is below this."),
+    tie_tolerance: Optional[float] = typer.Option(
+        None, "--tie-tolerance", help="A divergence is a tie when the native top-1/top-2 logit "
+        "gap there is below this. Default: 1e-3 for fp32 weights, 0.1 for bf16 (whose logits "
+        "a step and a block round differently)."),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     cuda_graphs: bool = GraphsOpt,
@@ -329,7 +331,7 @@ def verify(
     from .io.writers import check_output_path
 
     _validate_decode_options(max_new_tokens, gamma, 1.0, 1, 1.0, 1, rollback, 0)
-    if tie_tolerance < 0:
+    if tie_tolerance is not None and tie_tolerance < 0:
         raise InputError(f"--tie-tolerance must be >= 0, got {tie_tolerance}")
     if report:
         check_output_path(report)
@@ -339,7 +341,7 @@ def verify(
     from .decode.drafters.base import RngKey
     from .decode.native import decode_native
     from .decode.speculative import decode_speculative
-    from .eval.compare import compare_greedy
+    from .eval.compare import compare_greedy, default_tie_tolerance
     from .model.checkpoint import load_model
 
     model = load_model(model_dir, device=device, dtype=dtype, cuda_graphs=cuda_graphs)
@@ -347,6 +349,8 @@ def verify(
     d = resolve_drafter(model, drafter, force=force_drafter)
     if d is None:
         raise InputError("verify needs a drafter (not 'none')")
+    if tie_tolerance is None:
+        tie_tolerance = default_tie_tolerance(next(model.parameters()).dtype)
     greedy = SamplerConfig(1.0, 1, 1.0)
     rows = []
     prog = _progress(len(prompts), quiet, "verify")

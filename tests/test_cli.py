@@ -507,7 +507,17 @@ def test_verify_reports_identical_greedy_runs(tmp_path, model, recs):
     rows = json.loads(report.read_text())["rows"]
     assert [row["record_id"] for row in rows] == ["r1", "r2"]
     assert all(row["divergence"] is None and row["compared"] == 24 for row in rows)
+    assert json.loads(report.read_text())["tie_tolerance"] == 1e-3  # fp32 model: the fp32 default
 
+
+def test_verify_tie_tolerance_follows_the_dtype_unless_given(tmp_path, model, recs):
+    src = tmp_path / "in.fa"
+    src.write_text(records_text({"r1": recs["r1"]}))
+    for extra, want in (([], 0.1), (["--tie-tolerance", "0.5"], 0.5)):
+        report = tmp_path / "report.json"
+        ok(["verify", src, "--model", model, *FAST, "-n", 8, "--drafter", "kmer", "--dtype",
+            "bfloat16", "--report", report, *extra])
+        assert json.loads(report.read_text())["tie_tolerance"] == want
 
 
 def test_info(model):

@@ -36,6 +36,28 @@ def test_resume_gives_the_same_next_losses(tmp_path):
     assert rest == pytest.approx(full[8:], abs=1e-6)
 
 
+def test_filters_and_their_ffts_stay_fp32_under_bf16_autocast(monkeypatch):
+    """Training on CUDA runs under bf16 autocast; einsum/matmul there would hand the FFTs bf16,
+    which they reject on CUDA (CPU autocast upcasts them, so the dtypes are checked here)."""
+    from evspark_cli.model.model import StripedHyena
+
+    torch.manual_seed(0)
+    model = StripedHyena(tiny_config())  # every Hyena kind; 128 tokens take the FFT paths
+    seen: list[torch.dtype] = []
+    real = torch.fft.rfft
+
+    def spy(x, *a, **kw):
+        seen.append(x.dtype)
+        return real(x, *a, **kw)
+
+    monkeypatch.setattr(torch.fft, "rfft", spy)
+    ids = torch.randint(0, 4, (2, 128))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(ids).float().logsumexp(-1).mean()
+    loss.backward()
+    assert seen and all(d == torch.float32 for d in seen), seen
+
+
 def test_schedule_and_pole_projection():
     c = TrainConfig(out_dir="x", steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1)
     assert lr_at(c, 0) == pytest.approx(0.1) and lr_at(c, 9) == pytest.approx(1.0)

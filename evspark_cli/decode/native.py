@@ -55,6 +55,8 @@ def start(model: StripedHyena, prompt: list[int], reserve: int, keep_hidden: int
     if ids.shape[1] == 0:
         return model.empty_state(1, capacity=reserve), prompt[-1], None
     _, hidden, state = model.prefill(ids, keep_last=max(1, keep_hidden), reserve=reserve)
+    if ids.device.type == "cuda":  # so that prefill_s times the prefill, not its launch
+        torch.cuda.synchronize(ids.device)
     return state, prompt[-1], (hidden[0] if keep_hidden else None)
 
 

@@ -53,7 +53,7 @@ def decode_speculative(model: StripedHyena, prompt: list[int], max_new_tokens: i
         prop = drafter.propose(state, anchor, g) if g > 0 else None
         t1 = time.perf_counter()
         drafts = prop.drafts if prop is not None else torch.zeros(0, dtype=torch.long)
-        ids = torch.cat([torch.tensor([anchor]), drafts]).to(dev)
+        ids = torch.cat([torch.tensor([anchor]), drafts.cpu()]).to(dev)  # drafts: any device
         snapshot = state.clone() if rollback == "replay" else None
         logits, hidden, block = model.extend(state, ids[None])
         p = sampler_probs(logits[0], sampler)

@@ -28,7 +28,7 @@ from ..decode.sampling import SamplerConfig
 from ..decode.speculative import decode_speculative
 from ..io.fasta import Prompt, read_prompts
 from ..model.model import StripedHyena
-from .compare import compare_greedy
+from .compare import compare_greedy, default_tie_tolerance
 
 GREEDY = SamplerConfig(1.0, 1, 1.0)
 SAMPLED = SamplerConfig(1.0, 4, 1.0)
@@ -45,7 +45,7 @@ class BenchConfig:
     baselines: list[str] = field(default_factory=lambda: ["kmer", "identity"])
     rollback_modes: list[str] = field(default_factory=lambda: ["slice", "replay"])
     repeats: int = 1
-    tie_tolerance: float = 1e-3
+    tie_tolerance: float | None = None  # None: compare.default_tie_tolerance of the model's dtype
     tvd_prompts: int = 4
     tvd_samples: int = 32
     tvd_tokens: int = 32
@@ -142,7 +142,10 @@ def speed_and_greedy(model: StripedHyena, prompts: list[Prompt], drafters: dict[
                                "position_trials": spec.position_trials,
                                "position_accepts": spec.position_accepts, "tau": spec.tau}
                         if mode == "greedy":
-                            row["greedy"] = compare_greedy(p.id, nat, spec, cfg.tie_tolerance)
+                            tol = cfg.tie_tolerance
+                            if tol is None:
+                                tol = default_tie_tolerance(next(model.parameters()).dtype)
+                            row["greedy"] = compare_greedy(p.id, nat, spec, tol)
                         rows.setdefault(f"{dname}/{mode}/{rb}", []).append(row)
             log(f"speed {mode} {p.id}: " + ", ".join(
                 f"{n.split('/')[0]}/{n.split('/')[2]} {v[-1]['native_s'] / v[-1]['spec_s']:.2f}x"

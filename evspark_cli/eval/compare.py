@@ -3,7 +3,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..decode.native import DecodeResult
+
+
+def default_tie_tolerance(dtype: torch.dtype) -> float:
+    """Logit gap under which a greedy divergence counts as a tie: fp32 noise between a step and
+    a block is ~1e-5; bf16 keeps 8 bits of mantissa, so logits near 10 are 0.03-0.06 apart and
+    a step and a block, rounded differently through every layer, can differ by ~0.1."""
+    return 1e-3 if dtype == torch.float32 else 0.1
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

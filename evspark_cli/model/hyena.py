@@ -7,6 +7,7 @@ Filters run in fp32 whatever the weight dtype (Evo 2's precision policy).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -18,6 +19,14 @@ from .layers import Derived, ResidualBlock, linear
 from .state import FIRPending, FIRWindow, HyenaPending, HyenaState, ModalPending, ModalState
 
 SHORT_BLOCK = 64  # blocks up to this length: LI states by a k x k product, FIRs by Toeplitz GEMMs
+
+
+def fp32_filters(x: Tensor):
+    """Autocast off where the filters run: Evo 2 keeps them in fp32, and CUDA autocast would
+    hand bf16 (from einsum/matmul) to FFTs that reject it. A no-op context outside autocast."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.autocast(x.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def depthwise_causal_conv(widened: Tensor, weight: Tensor) -> Tensor:
@@ -236,11 +245,13 @@ class HyenaBlock(ResidualBlock):
     def mix(self, u: Tensor, st: HyenaState | None, t0: int) -> tuple[Tensor, HyenaPending | None]:
         act = u.dtype
         p = linear(u, self.projections.weight).transpose(1, 2).float()  # (B, 3D, k)
-        z, feat_pending = fir_extend(p, st.feat if st is not None else None, self.filter.feat_taps())
-        z = z.to(act)
-        q, k, v = z[:, 0::3], z[:, 1::3], z[:, 2::3]  # de-interleave: post-gate, pre-gate, value
-        w = (k * v).float()
-        c, inner_pending = self.filter.inner(w, st.inner if st is not None else None)
+        with fp32_filters(p):  # autocast (bf16 training) must not round the filters or their FFTs
+            z, feat_pending = fir_extend(p, st.feat if st is not None else None,
+                                         self.filter.feat_taps())
+            z = z.to(act)
+            q, k, v = z[:, 0::3], z[:, 1::3], z[:, 2::3]  # de-interleave: post-gate, pre-gate, value
+            w = (k * v).float()
+            c, inner_pending = self.filter.inner(w, st.inner if st is not None else None)
         if self.filter.kind == "hcl":
             y = (q.float() * c).to(act)
         else:

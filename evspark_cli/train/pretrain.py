@@ -168,7 +168,9 @@ class Trainer:
     def resume(self) -> bool:
         if not self.ckpt_path.is_file():
             return False
-        ck = torch.load(self.ckpt_path, map_location=self.device, weights_only=True)
+        # on the CPU: the generator's state must stay a CPU tensor, and load_state_dict copies
+        # model and optimizer tensors to where the parameters live
+        ck = torch.load(self.ckpt_path, map_location="cpu", weights_only=True)
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["opt"])
         self.gen.set_state(ck["gen"])
