@@ -565,6 +565,8 @@ def distill(
     prefix: int = typer.Option(64, "--prefix", help="Hidden-state prefix length P."),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Checkpoints and log (resumable; "
                                           "default OUT.run)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda: where the target "
+                               "builds the cache and the drafter trains."),
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
 ) -> None:
@@ -586,11 +588,12 @@ def distill(
             raise InputError(f"no teacher cache at {cache_dir}; pass --train FASTA... to build it")
         build_cache(CacheConfig(target=str(target), out_dir=str(cache_dir), train=list(train_data),
                                 natural_windows=natural_windows, onpolicy_windows=onpolicy_windows,
-                                window=window, seed=0), log=lambda m: None if quiet else _say(m))
+                                window=window, seed=0, device=device),
+                    log=lambda m: None if quiet else _say(m))
     dest = Path(out) if out else target / "drafters" / f"seed{seed}"
     cfg = DistillConfig(cache=str(cache_dir), out_dir=run_dir or f"{dest}.run", seed=seed,
                         steps=steps, batch=batch, gamma=gamma, width=width, layers=layers,
-                        prefix_len=prefix)
+                        prefix_len=prefix, device=device)
     trainer = DistillTrainer(cfg)
     if trainer.resume():
         _say(f"evspark: resumed drafter training at step {trainer.step}")

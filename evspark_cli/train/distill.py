@@ -24,7 +24,7 @@ import torch
 
 from ..decode.drafters.dspark import DNA, DSparkConfig, DSparkNet, save_drafter
 from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
-from ..model.checkpoint import load_model, weights_hash
+from ..model.checkpoint import load_model, resolve_device, weights_hash
 from ..model.model import StripedHyena
 from .codec import EncodedRows, ShardReader, ShardWriter, decode, encode
 from .corpus import Corpus
@@ -45,6 +45,7 @@ class CacheConfig:
     top_p: float = 1.0
     seed: int = 0
     codec: str = "bf16"
+    device: str = "auto"  # where the target runs (auto: CUDA when present)
 
 
 @dataclass
@@ -68,6 +69,7 @@ class DistillConfig:
     position_decay: float = 4.0
     ckpt_every: int = 200
     log_every: int = 25
+    device: str = "auto"  # where the drafter trains; the cache stays in host memory
 
 
 # ------------------------------------------------------------------------------ teacher cache
@@ -108,7 +110,7 @@ def teacher_rows(model: StripedHyena, seqs: torch.Tensor, sampler: SamplerConfig
 def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
     """Run the target over natural and on-policy windows; write codec shards + index."""
     out = Path(cfg.out_dir)
-    model = load_model(cfg.target, device="auto")
+    model = load_model(cfg.target, device=cfg.device)
     sampler = SamplerConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     corpus = Corpus.from_paths(cfg.train)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -187,7 +189,7 @@ def distill_loss(net: DSparkNet, b: dict[str, torch.Tensor], cfg: DistillConfig
     logq = torch.log_softmax(z.float(), dim=-1)
     q = logq.exp()
     gamma = z.shape[1]
-    wk = torch.exp(-torch.arange(gamma, dtype=torch.float32) / cfg.position_decay)
+    wk = torch.exp(-torch.arange(gamma, dtype=torch.float32, device=z.device) / cfg.position_decay)
     wk = wk / wk.sum()
     tgt = net.lut[b["target"]]
     in_alpha = tgt < net.cfg.n_alpha
@@ -212,7 +214,8 @@ class DistillTrainer:
                             target_hash=meta.get("target_hash", ""),
                             target_name=Path(meta.get("cache_config", {}).get("target", "")).name)
         torch.manual_seed(cfg.seed)
-        self.net = DSparkNet(dcfg)
+        self.device = resolve_device(cfg.device)
+        self.net = DSparkNet(dcfg).to(self.device)
         self.opt = torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, betas=(0.9, 0.98),
                                      weight_decay=cfg.weight_decay)
         self.gen = torch.Generator().manual_seed(cfg.seed)
@@ -237,7 +240,7 @@ class DistillTrainer:
         p = self.out / "ckpt.pt"
         if not p.is_file():
             return False
-        ck = torch.load(p, weights_only=True)
+        ck = torch.load(p, map_location="cpu", weights_only=True)  # load_state_dict places it
         self.net.load_state_dict(ck["net"])
         self.opt.load_state_dict(ck["opt"])
         self.gen.set_state(ck["gen"])
@@ -247,7 +250,8 @@ class DistillTrainer:
     def train_step(self) -> dict[str, float]:
         c = self.cfg
         self.net.train()
-        b = self.data.batch(c.batch, c.gamma, c.prefix_len, self.gen)
+        b = {k: v.to(self.device) for k, v in
+             self.data.batch(c.batch, c.gamma, c.prefix_len, self.gen).items()}
         for g in self.opt.param_groups:
             g["lr"] = self.lr()
         loss, info = distill_loss(self.net, b, c)

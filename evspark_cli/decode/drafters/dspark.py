@@ -136,7 +136,7 @@ class DSparkNet(nn.Module):
         gamma = prev.shape[1]
         U = self.base_logits(ctx, ctx_valid, anchor, gamma)
         rows = self.lut[prev]  # (B, gamma)
-        bias = self.markov[torch.arange(gamma), rows]  # (B, gamma, V)
+        bias = self.markov[torch.arange(gamma, device=rows.device), rows]  # (B, gamma, V)
         return U + bias
 
 
