@@ -79,6 +79,9 @@ ShardOpt = typer.Option(None, "--shard", help="I/N: process only records i with 
                         "(N jobs cover the input exactly once).")
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
 DtypeOpt = typer.Option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16.")
+CompileOpt = typer.Option(False, "--compile", help="On a CPU, run decode steps and verification "
+                          "blocks through torch.compile (needs a C++ compiler; ~20 s of compiling "
+                          "per process, then ~1.2x faster native decoding; same tokens).")
 GraphsOpt = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On a GPU, replay decode "
                          "steps and verification blocks from CUDA graphs (no effect on CPU).")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar.")
@@ -193,6 +196,7 @@ def generate(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     cuda_graphs: bool = GraphsOpt,
+    compile_cpu: bool = CompileOpt,
     line_width: int = typer.Option(60, "--line-width", help="FASTA line width (0 = one line)."),
     include_prompt: bool = typer.Option(False, "--include-prompt", help="Prepend the prompt."),
     region: Optional[List[str]] = RegionOpt,
@@ -221,7 +225,8 @@ def generate(
     from .io.writers import FastaOutput, StatsOutput
     from .model.checkpoint import load_model
 
-    model = load_model(model_dir, device=device, dtype=dtype, cuda_graphs=cuda_graphs)
+    model = load_model(model_dir, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                       compile=compile_cpu)
     _check_context(model, prompts, max_new_tokens)
     d = resolve_drafter(model, drafter, force=force_drafter)
     model_name = model.config.model_name
@@ -318,6 +323,7 @@ def verify(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     cuda_graphs: bool = GraphsOpt,
+    compile_cpu: bool = CompileOpt,
     force_drafter: bool = typer.Option(False, "--force-drafter", help="Allow a mismatched drafter."),
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
@@ -344,7 +350,8 @@ def verify(
     from .eval.compare import compare_greedy, default_tie_tolerance
     from .model.checkpoint import load_model
 
-    model = load_model(model_dir, device=device, dtype=dtype, cuda_graphs=cuda_graphs)
+    model = load_model(model_dir, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                       compile=compile_cpu)
     _check_context(model, prompts, max_new_tokens)
     d = resolve_drafter(model, drafter, force=force_drafter)
     if d is None:
@@ -633,6 +640,7 @@ def bench(
                                            "1024,8192,32768."),
     depth: Optional[int] = typer.Option(None, "--depth", help="Depth sweep: tokens of one long "
                                         "generation (0 = skip)."),
+    compile_cpu: bool = CompileOpt,
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
 ) -> None:
@@ -683,7 +691,7 @@ def bench(
         bad = set(cfg.skip) - {"tvd", "gamma", "context", "depth"}
         if bad:
             raise InputError(f"--skip: unknown section(s) {', '.join(sorted(bad))}")
-    model = load_model(model_dir, device="auto")
+    model = load_model(model_dir, device="auto", compile=compile_cpu)
     drafters = bench_drafters(model, cfg, drafter)
     res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
                     log=(lambda m: None) if quiet else _say)

@@ -596,3 +596,14 @@ def test_cuda_graph_option_is_accepted_and_changes_nothing_on_cpu(tmp_path, mode
     ok(gen(model, src, "-o", b, "-n", 12, "--no-cuda-graphs"))
     assert a.read_text() == b.read_text()
     ok(["verify", "--model", model, src, "-n", 8, "--drafter", "kmer", "--cuda-graphs"])
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit internals inductor calls
+def test_compile_option_writes_the_same_continuations(tmp_path, model, recs):
+    src = tmp_path / "in.fa"
+    src.write_text(records_text({k: recs[k] for k in ("r1", "r2")}))
+    a, b = tmp_path / "a.fa", tmp_path / "b.fa"
+    ok(gen(model, src, "-o", a, "-n", 30))
+    r = ok(gen(model, src, "-o", b, "-n", 30, "--compile"))
+    assert "failed" not in r.err  # compiled, not fallen back to eager
+    assert a.read_text() == b.read_text()

@@ -87,6 +87,29 @@ def test_model_made_under_inference_mode_still_records(make_model):
     assert graphed.graphs.disabled_reason is None and graphed.graphs.replays > 0
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit internals inductor calls
+def test_compile_backend_equals_eager_across_prompts_and_decoders(make_model):
+    """`--compile` (CPU): the static form through torch.compile gives eager's logits, states and
+    tokens, for a second prompt with another KV capacity too (its capacity is dynamic, so the
+    compiled code is reused: no failure, no fallback)."""
+    compiled, plain = make_model(config(), seed=5), make_model(config(), seed=5)
+    compiled.use_graphs("compile")
+    with torch.inference_mode():
+        lockstep(compiled, plain, ids(30, 1), 80,
+                 [(ids(k, 40 + r), 1 + r % k) for r, k in enumerate([1, 4] * 5)])
+        lockstep(compiled, plain, ids(45, 2), 50,
+                 [(ids(k, 60 + r), 1 + r % k) for r, k in enumerate([1, 4] * 3)])
+    runner = compiled.graphs
+    assert runner.disabled_reason is None and runner.replays > 0 and len(runner.recordings) == 4
+    prompt = ids(20, 3)[0].tolist()
+    for sampler in (SamplerConfig(1.0, 1, 1.0), SamplerConfig(1.0, 4, 1.0)):
+        want = decode_native(plain, prompt, 24, sampler, RngKey(2, 0, 0)).tokens
+        assert decode_native(compiled, prompt, 24, sampler, RngKey(2, 0, 0)).tokens == want
+        spec = decode_speculative(compiled, prompt, 24, sampler, KmerDrafter(), 5, RngKey(2, 0, 0))
+        if sampler.top_k == 1:
+            assert spec.tokens == want
+
+
 @torch.inference_mode()
 def test_returned_blocks_survive_later_replays(pair):
     """A replay overwrites the recording's outputs; blocks handed out earlier own copies."""

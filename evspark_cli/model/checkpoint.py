@@ -111,11 +111,12 @@ def check_tensors_against(model: torch.nn.Module, tensors: dict[str, Tensor], so
 
 
 def load_model(path: str | Path | None = None, device: str | None = "cpu",
-               dtype: str | torch.dtype | None = None, cuda_graphs: bool = True) -> StripedHyena:
+               dtype: str | torch.dtype | None = None, cuda_graphs: bool = True,
+               compile: bool = False) -> StripedHyena:
     """Load a model folder (None = the bundled target) for inference.
 
     On a GPU, decode steps and verification blocks replay CUDA graphs unless `cuda_graphs` is
-    False (model/graphs.py)."""
+    False; on a CPU, `compile` runs them through torch.compile (model/graphs.py)."""
     folder = Path(path) if path is not None else default_model_dir()
     if not folder.is_dir():
         raise ModelError(f"model folder {folder} does not exist")
@@ -134,6 +135,8 @@ def load_model(path: str | Path | None = None, device: str | None = "cpu",
     model.source_dir = folder  # type: ignore[attr-defined]
     if cuda_graphs and dev.type == "cuda":
         model.use_graphs("cuda")
+    elif compile and dev.type == "cpu":
+        model.use_graphs("compile")
     return model
 
 

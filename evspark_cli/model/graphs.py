@@ -101,8 +101,8 @@ class GraphRunner:
     """Serves `model.extend` for short blocks from recordings, one per (shape, KV caches)."""
 
     def __init__(self, model: "StripedHyena", backend: str = "cuda") -> None:
-        if backend not in ("cuda", "eager"):
-            raise ValueError("backend must be 'cuda' or 'eager'")
+        if backend not in ("cuda", "eager", "compile"):
+            raise ValueError("backend must be 'cuda', 'eager' or 'compile'")
         self.model = model
         self.backend = backend
         self.recordings: OrderedDict[tuple, Recording] = OrderedDict()
@@ -143,7 +143,8 @@ class GraphRunner:
                 rec = self._record(state, ids)
             except Exception as exc:  # noqa: BLE001 - any capture failure: fall back to eager
                 self.disabled_reason = f"{type(exc).__name__}: {exc}"
-                print(f"evspark: graph capture failed ({self.disabled_reason}); decoding eagerly",
+                what = "torch.compile" if self.backend == "compile" else "graph capture"
+                print(f"evspark: {what} failed ({self.disabled_reason}); decoding eagerly",
                       file=sys.stderr)
                 return self.model.extend_eager(state, ids)
             self.recordings[key] = rec
@@ -177,15 +178,23 @@ class GraphRunner:
         def run() -> tuple[Tensor, Tensor | None, Block | None]:
             return model._run(s_ids, s_state, True, position=s_pos)
 
-        if self.backend == "eager":
+        if self.backend in ("eager", "compile"):
             logits, hidden, block = run()
             assert hidden is not None and block is not None
             outs = [logits, hidden] + pending_tensors(block.pendings)
 
-            def replay() -> None:
+            def tensors() -> list[Tensor]:
                 lg, hd, bl = run()
                 assert hd is not None and bl is not None
-                for dst, src in zip(outs, [lg, hd] + pending_tensors(bl.pendings)):
+                return [lg, hd] + pending_tensors(bl.pendings)
+
+            fn = tensors
+            if self.backend == "compile":
+                fn = compiled(tensors, state)
+                fn()  # a compiler's failure surfaces here, inside the capture's try
+
+            def replay() -> None:
+                for dst, src in zip(outs, fn()):
                     dst.copy_(src)
         else:
             side = torch.cuda.Stream(device=ids.device)
@@ -205,6 +214,19 @@ class GraphRunner:
                   for entry in m._derived._cache.values()]
         return Recording(s_ids, s_pos, hyena_tensors(s_state), logits, hidden, pendings, replay,
                          pinned)
+
+
+def compiled(fn: Callable[[], list[Tensor]], state: InferenceState) -> Callable[[], list[Tensor]]:
+    """`fn` through torch.compile (the "compile" backend: CPU decoding without per-op dispatch).
+
+    The static form has no Python-int position, so it traces to one graph per block length.
+    The KV caches' capacity is marked dynamic: states of other prompts (other capacities)
+    reuse the compiled code instead of compiling again."""
+    for st in state.layers:
+        if isinstance(st, KVState):
+            torch._dynamo.mark_dynamic(st.cache.k, 2)
+            torch._dynamo.mark_dynamic(st.cache.v, 2)
+    return torch.compile(fn)
 
 
 def pending_tensors(pendings) -> list[Tensor]:

@@ -25,6 +25,9 @@ class Derived:
     def get(self, name: str, sources: tuple[Tensor, ...], build: Callable[[], Any]) -> Any:
         if torch.is_grad_enabled():
             return build()
+        if torch.compiler.is_compiling():  # traced once: what is cached now is what runs
+            hit = self._cache.get(name)
+            return hit[1] if hit is not None else build()
         # inference tensors (a model moved or loaded under inference_mode) have no version
         # counter; they cannot be updated in place outside inference_mode, so (object,
         # storage) identifies them. Uncached, a captured graph would find no RoPE table.
@@ -108,10 +111,16 @@ def _column_slices(weight: Tensor, rows: int, device: torch.device) -> int:
     """How many column slices a product splits into (1: plain F.linear)."""
     if device.type != "cpu" or rows > SPLIT_ROWS or not is_input_major(weight):
         return 1
-    n, d_out = torch.get_num_threads(), weight.shape[0]
+    n, d_out = _threads(), weight.shape[0]
     while n > 1 and (d_out % n or d_out // n < 32):
         n -= 1
     return n
+
+
+@torch.compiler.assume_constant_result
+def _threads() -> int:
+    # a constant to torch.compile (a traced call would break the graph; see compile_probe.py)
+    return torch.get_num_threads()
 
 
 def is_input_major(weight: Tensor) -> bool:
@@ -162,7 +171,7 @@ class GatedMLP(nn.Module):
         self._derived = Derived()
 
     def forward(self, x: Tensor) -> Tensor:
-        if not torch.is_grad_enabled() and not self.l1.weight.is_inference():
+        if not torch.is_grad_enabled():
             # inference: one fused [l1; l2] product streams both weights in one pass
             w = self._derived.get("l12", (self.l1.weight, self.l2.weight),
                                   lambda: cat_rows([self.l1.weight, self.l2.weight]))

@@ -102,8 +102,9 @@ class StripedHyena(nn.Module):
     def use_graphs(self, backend: str | None = "cuda") -> None:
         """Replay decode steps and verification blocks from recorded graphs (None: eager).
 
-        "cuda" records CUDA graphs (a GPU model); "eager" re-runs the recorded static form, which
-        tests use to check it on CPU. See graphs.py."""
+        "cuda" records CUDA graphs (a GPU model); "compile" runs the static form through
+        torch.compile (CPU decoding); "eager" re-runs the static form, which tests use to check
+        it on CPU. See graphs.py."""
         from .graphs import GraphRunner
 
         self.graphs = GraphRunner(self, backend) if backend is not None else None
