@@ -77,7 +77,7 @@ def build_model(args) -> StripedHyena:
     if args.model:
         from evspark_cli.model.checkpoint import load_model
 
-        return load_model(args.model, dtype=args.dtype).eval()
+        return load_model(args.model, dtype=args.dtype, compile=args.compile).eval()
     torch.manual_seed(0)
     model = StripedHyena(make_config(args.hidden, args.layers))
     init_weights(model, 0)
@@ -86,6 +86,8 @@ def build_model(args) -> StripedHyena:
         from evspark_cli.model.checkpoint import cast_model
 
         cast_model(model, dtype)
+    if args.compile:
+        model.use_graphs("compile")
     return model.eval()
 
 
@@ -381,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-sizes", type=int, nargs="*", default=None,
                     help="prefill lengths (default 1024 8192 32768; quick 256 1024)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    ap.add_argument("--compile", action="store_true", help="decode through torch.compile "
+                    "(load_model(compile=True)); each block length compiles once, in warm-up")
     ap.add_argument("--out", type=Path, default=None,
                     help="JSON output (default benchmarks/results/engine.json; quick: engine_quick.json)")
     ap.add_argument("--child-prefill", type=int, default=None, help=argparse.SUPPRESS)

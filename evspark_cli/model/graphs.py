@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass
+from types import CodeType, FunctionType
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -190,7 +191,7 @@ class GraphRunner:
 
             fn = tensors
             if self.backend == "compile":
-                fn = compiled(tensors, state)
+                fn = compiled(tensors, state, ids.shape[1])
                 fn()  # a compiler's failure surfaces here, inside the capture's try
 
             def replay() -> None:
@@ -216,17 +217,25 @@ class GraphRunner:
                          pinned)
 
 
-def compiled(fn: Callable[[], list[Tensor]], state: InferenceState) -> Callable[[], list[Tensor]]:
+_CODES: dict[int, CodeType] = {}  # block length -> the code object its compiled form hangs on
+
+
+def compiled(fn: Callable[[], list[Tensor]], state: InferenceState, k: int
+             ) -> Callable[[], list[Tensor]]:
     """`fn` through torch.compile (the "compile" backend: CPU decoding without per-op dispatch).
 
     The static form has no Python-int position, so it traces to one graph per block length.
-    The KV caches' capacity is marked dynamic: states of other prompts (other capacities)
-    reuse the compiled code instead of compiling again."""
+    torch.compile keeps its compiled variants on the function's code object; each block length
+    gets a code object of its own (same code, named by k), so lengths neither count against
+    one recompile limit nor turn each other's shapes dynamic. The KV caches' capacity is marked
+    dynamic, so the states of other prompts (other capacities) reuse the code."""
     for st in state.layers:
         if isinstance(st, KVState):
             torch._dynamo.mark_dynamic(st.cache.k, 2)
             torch._dynamo.mark_dynamic(st.cache.v, 2)
-    return torch.compile(fn)
+    code = _CODES.setdefault(k, fn.__code__.replace(co_name=f"extend_block_{k}"))
+    per_k = FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    return torch.compile(per_k)
 
 
 def pending_tensors(pendings) -> list[Tensor]:
