@@ -8,8 +8,10 @@ torch.compile), advance the same way from the same prompt: a decode step (extend
 commit(1)) then an extend(13) from the new state, timed in pairs so that drift of a shared
 machine cancels in extend(13) / step; the two models alternate by round. Also reports the
 compile time (first calls), graph breaks of the traced static form (`torch._dynamo.explain`)
-and the largest logit difference between the two models. The block lengths a decoder uses are
-1 (native) and gamma + 1 (verification); each compiles once per process.
+and the largest logit difference between the two models; then whole decodes with the two
+models alternating per prompt (native, dspark and identity-drafter speculative). The block
+lengths a decoder uses are 1 (native) and gamma + 1 (verification); each compiles once per
+process.
 """
 from __future__ import annotations
 
@@ -33,6 +35,48 @@ def graph_breaks(model, state) -> tuple[int, int]:
     return ex.graph_count, ex.graph_break_count
 
 
+def decode_ab(models: dict, a) -> dict:
+    """Whole decodes, the two models alternating per prompt: native, dspark and identity-drafter
+    speculative (sampled, T=1, top-k 4, gamma 12); tokens/s and identity overhead per model."""
+    from evspark_cli.api import resolve_drafter
+    from evspark_cli.decode.drafters.base import RngKey
+    from evspark_cli.decode.drafters.identity import IdentityDrafter
+    from evspark_cli.decode.native import decode_native
+    from evspark_cli.decode.sampling import SamplerConfig
+    from evspark_cli.decode.speculative import decode_speculative
+
+    sampler, n = SamplerConfig(1.0, 4, 1.0), a.decode_tokens
+    gen = torch.Generator().manual_seed(1)
+    prompts = [[[65, 67, 71, 84][i] for i in torch.randint(0, 4, (a.context,), generator=gen).tolist()]
+               for _ in range(a.decode_prompts)]
+    secs = {name: {"native": 0.0, "dspark": 0.0, "identity": 0.0} for name in models}
+    same = True
+    for name, m in models.items():  # warm-up: every block length the decoders use is compiled
+        decode_native(m, prompts[0], 16, sampler)
+        decode_speculative(m, prompts[0], 64, sampler, resolve_drafter(m, "auto"), 12)
+        decode_speculative(m, prompts[0], 64, sampler, IdentityDrafter(), 12)
+    for r, prompt in enumerate(prompts):
+        toks = {}
+        for name, m in models.items():
+            key = RngKey(0, r, 0)
+            for label, drafter in (("native", None), ("dspark", resolve_drafter(m, "auto")),
+                                   ("identity", IdentityDrafter())):
+                res = (decode_native(m, prompt, n, sampler, key) if drafter is None
+                       else decode_speculative(m, prompt, n, sampler, drafter, 12, key))
+                secs[name][label] += res.wall_s
+                toks[(name, label)] = res.tokens
+        same &= all(toks[("eager", lb)] == toks[("compile", lb)] for lb in ("native", "dspark", "identity"))
+    total = n * len(prompts)
+    out: dict = {"tokens": n, "prompts": len(prompts), "same_tokens": same}
+    for name, t in secs.items():
+        out[name] = {f"{lb}_tokens_per_s": round(total / s, 1) for lb, s in t.items()}
+        out[name]["dspark_speedup"] = round(t["native"] / t["dspark"], 3)
+        out[name]["identity_overhead"] = round(t["identity"] / t["native"], 3)
+    out["compile_over_eager"] = {lb: round(secs["eager"][lb] / secs["compile"][lb], 3)
+                                 for lb in ("native", "dspark", "identity")}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="model folder (default: the bundled target)")
@@ -40,6 +84,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=60, help="timed pairs per round")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--decode-tokens", type=int, default=512, help="whole decodes (0: skip)")
+    ap.add_argument("--decode-prompts", type=int, default=6)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -85,6 +131,8 @@ def main() -> None:
                      "extend13_over_step": round(ext / step, 3)}
     res["compile_speedup"] = {k: round(res["eager"][f"{k}_ms"] / res["compile"][f"{k}_ms"], 3)
                               for k in ("step", "extend13")}
+    if a.decode_tokens:
+        res["decode"] = decode_ab(models, a)
     res["compile_replays"] = models["compile"].graphs.replays
     res["compile_disabled_reason"] = models["compile"].graphs.disabled_reason
     print(json.dumps(res, indent=1))
