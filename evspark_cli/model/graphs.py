@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import Tensor
 
+from .attention import RotaryEmbedding
 from .state import (Block, FIRPending, FIRWindow, HyenaPending, HyenaState, InferenceState,
                     KVPending, KVState, LayerPending, ModalPending, ModalState)
 
@@ -75,7 +76,9 @@ def static_state(state: InferenceState) -> InferenceState:
             layers.append(HyenaState(FIRWindow(st.feat.buf.clone()), inner))
         else:
             layers.append(st)
-    return InferenceState(tuple(layers), state.seqlen)
+    # length 0: the static form reads its position from a device tensor, and a Python int here
+    # would only make torch.compile specialise (recompile) on each recording's length
+    return InferenceState(tuple(layers), 0)
 
 
 def _fir(p: FIRPending) -> FIRPending:
@@ -191,7 +194,7 @@ class GraphRunner:
 
             fn = tensors
             if self.backend == "compile":
-                fn = compiled(tensors, state, ids.shape[1])
+                fn = compiled(tensors, model, state, ids.shape[1])
                 fn()  # a compiler's failure surfaces here, inside the capture's try
 
             def replay() -> None:
@@ -220,7 +223,7 @@ class GraphRunner:
 _CODES: dict[int, CodeType] = {}  # block length -> the code object its compiled form hangs on
 
 
-def compiled(fn: Callable[[], list[Tensor]], state: InferenceState, k: int
+def compiled(fn: Callable[[], list[Tensor]], model: "StripedHyena", state: InferenceState, k: int
              ) -> Callable[[], list[Tensor]]:
     """`fn` through torch.compile (the "compile" backend: CPU decoding without per-op dispatch).
 
@@ -228,11 +231,15 @@ def compiled(fn: Callable[[], list[Tensor]], state: InferenceState, k: int
     torch.compile keeps its compiled variants on the function's code object; each block length
     gets a code object of its own (same code, named by k), so lengths neither count against
     one recompile limit nor turn each other's shapes dynamic. The KV caches' capacity is marked
-    dynamic, so the states of other prompts (other capacities) reuse the code."""
+    dynamic (and the RoPE table that covers it), so the states of other prompts reuse the code."""
     for st in state.layers:
         if isinstance(st, KVState):
             torch._dynamo.mark_dynamic(st.cache.k, 2)
             torch._dynamo.mark_dynamic(st.cache.v, 2)
+    for m in model.modules():  # the RoPE table covers the capacity, so its length varies too
+        if isinstance(m, RotaryEmbedding):
+            for t in m._derived.peek("table"):
+                torch._dynamo.mark_dynamic(t, 0)
     code = _CODES.setdefault(k, fn.__code__.replace(co_name=f"extend_block_{k}"))
     per_k = FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
     return torch.compile(per_k)
