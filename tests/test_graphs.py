@@ -92,13 +92,17 @@ def test_compile_backend_equals_eager_across_prompts_and_decoders(make_model):
     """`--compile` (CPU): the static form through torch.compile gives eager's logits, states and
     tokens, for a second prompt with another KV capacity too (its capacity is dynamic, so the
     compiled code is reused: no failure, no fallback)."""
+    from torch._dynamo.utils import counters
+
     compiled, plain = make_model(config(), seed=5), make_model(config(), seed=5)
     compiled.use_graphs("compile")
     with torch.inference_mode():
         lockstep(compiled, plain, ids(30, 1), 80,
                  [(ids(k, 40 + r), 1 + r % k) for r, k in enumerate([1, 4] * 5)])
-        lockstep(compiled, plain, ids(45, 2), 50,
+        graphs = counters["stats"]["unique_graphs"]
+        lockstep(compiled, plain, ids(45, 2), 50,  # another length and capacity: no recompile
                  [(ids(k, 60 + r), 1 + r % k) for r, k in enumerate([1, 4] * 3)])
+        assert counters["stats"]["unique_graphs"] == graphs
     runner = compiled.graphs
     assert runner.disabled_reason is None and runner.replays > 0 and len(runner.recordings) == 4
     prompt = ids(20, 3)[0].tolist()
