@@ -146,7 +146,8 @@ class GraphRunner:
             try:
                 rec = self._record(state, ids)
             except Exception as exc:  # noqa: BLE001 - any capture failure: fall back to eager
-                self.disabled_reason = f"{type(exc).__name__}: {exc}"
+                first = (str(exc).strip().splitlines() or [""])[0][:200]  # one line on stderr
+                self.disabled_reason = f"{type(exc).__name__}: {first}"
                 what = "torch.compile" if self.backend == "compile" else "graph capture"
                 print(f"evspark: {what} failed ({self.disabled_reason}); decoding eagerly",
                       file=sys.stderr)
