@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU check as one prepared command (device tool: `bash benchmarks/gpu_run.sh`).
 # Writes under $OUT (default /tmp/gpu-out): the CUDA-graph test, the bundled target/drafter on
-# CUDA (fp32 and bf16: greedy losslessness and speedups), then the Evo-2-7B-shaped check.
+# CUDA (fp32 and bf16: greedy losslessness and speedups), the Evo-2-7B-shaped check, then every
+# command once on the GPU (gpu_cli_smoke.sh): 8 files, the most the device tool brings back.
 # Each part has its own time limit so that one stuck part does not take the others' results.
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
