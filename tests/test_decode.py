@@ -453,3 +453,17 @@ def test_prefilled_prompt_is_reusable_and_equals_a_fresh_start(model_dirs):
     assert all(torch.equal(before[k], after[k]) for k in before)
     with pytest.raises(ValueError, match="fewer hidden states"):
         pf.begin(keep_hidden=32)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), None])
+def test_all_finite_sees_every_non_finite_and_only_them(bad):
+    """The guard's one-sum check: a NaN or inf anywhere is caught; finite logits whose sum
+    overflows (3e38 twice) are rechecked entry by entry and pass."""
+    from evspark_cli.decode.native import all_finite
+
+    x = torch.zeros(13, 512)
+    x[0, 0] = x[0, 1] = 3e38  # the sum overflows to inf although every entry is finite
+    if bad is not None:
+        x[7, 300] = bad
+    assert all_finite(x) is (bad is None)
+    assert all_finite(x[1:]) is (bad is None)

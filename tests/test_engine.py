@@ -560,6 +560,48 @@ def test_split_attention_equals_masked(k, dtype):
     close(got.float(), want, tol=1e-5 if dtype == torch.float32 else 2e-2, what="split vs masked")
 
 
+@pytest.mark.parametrize("t0", [0, 1, 500, 2047])
+@pytest.mark.parametrize("k", [2, 13, 64])
+@torch.no_grad()
+def test_cached_block_mask_equals_built_mask(t0, k):
+    """Short blocks below the split threshold take their additive mask as a window of a cached
+    buffer: it equals the boolean causal mask, for any position and block length."""
+    from evspark_cli.model import attention
+
+    g = torch.Generator().manual_seed(t0 + k)
+    q = torch.randn(1, 2, k, 16, generator=g)
+    keys = torch.randn(1, 2, t0 + k, 16, generator=g)
+    vals = torch.randn(1, 2, t0 + k, 16, generator=g)
+    mask = attention.block_mask(k, t0, torch.float32, "cpu")
+    allowed = torch.arange(t0 + k)[None, :] <= torch.arange(t0, t0 + k)[:, None]
+    assert mask.shape == (k, t0 + k)
+    assert torch.equal(mask == 0, allowed) and bool(torch.isneginf(mask[~allowed]).all())
+    want = torch.nn.functional.scaled_dot_product_attention(q, keys, vals, attn_mask=allowed)
+    close(attention.attend_block(q, keys, vals, t0), want, tol=1e-6, what="cached mask")
+
+
+@pytest.mark.parametrize("k", [2, 13])
+def test_modal_block_is_bit_identical_to_steps(make_model, k):
+    """A short Hyena-LI block runs the decode step's recurrence per position, so its outputs and
+    per-position modal states are bit-identical to k single steps."""
+    from evspark_cli.model.state import ModalState
+
+    model = make_model(CONFIGS["mixed"], seed=5)
+    filt = next(b.filter for b in model.blocks if b.kind == "hcl")
+    g = torch.Generator().manual_seed(k)
+    w = torch.randn(2, filt.hidden, k, generator=g)
+    st = ModalState(torch.randn(2, filt.hidden, filt.log_poles.shape[1], generator=g))
+    with torch.inference_mode():
+        c, pending = filt.inner(w, st)
+        outs = []
+        for j in range(k):
+            cj, pj = filt.inner(w[..., j: j + 1], st)
+            outs.append(cj)
+            assert torch.equal(pending.commit(j + 1).sigma, pj.commit(1).sigma)
+            st = pj.commit(1)
+    assert torch.equal(c, torch.cat(outs, dim=-1))
+
+
 @pytest.mark.parametrize("name", ["stripe", "mixed"])
 @torch.no_grad()
 def test_verification_block_past_long_prefix(models, name):

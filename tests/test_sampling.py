@@ -291,6 +291,9 @@ def test_uniform_is_deterministic_and_batch_independent() -> None:
     assert float(single) == float(a[30])
     assert torch.equal(uniform(5, 1, 0, pos.view(8, 8), Purpose.ACCEPT).flatten(), a)
     assert torch.equal(uniform(5, 1, 0, pos.to(torch.int32), Purpose.ACCEPT), a)
+    # a range (a round's positions) is hashed on the host, bit-identically
+    assert torch.equal(uniform(5, 1, 0, range(100, 164), Purpose.ACCEPT), a)
+    assert uniform(5, 1, 0, range(7, 7), Purpose.ACCEPT).shape == (0,)
 
 
 def test_each_key_changes_the_stream() -> None:

@@ -96,17 +96,19 @@ def decide(p: Tensor, q: Tensor, drafts: Tensor, u_accept: Tensor) -> tuple[Tens
     gamma = _check_block(p, q, drafts, u_accept)
     # the uniforms come from the CPU counter-based generator; the rule runs where p is
     q, drafts, u_accept = q.to(p.device), drafts.to(p.device), u_accept.to(p.device)
-    p64 = p.to(torch.float64)
     if gamma == 0:
-        return torch.zeros((), dtype=torch.int64, device=p.device), p64[0]
-    q64 = q.to(torch.float64)
+        return torch.zeros((), dtype=torch.int64, device=p.device), p[0].to(torch.float64)
+    # only the drafted entries and one row are read, so only they are widened to fp64 (the
+    # same values as widening all of p and q first)
     idx = drafts.to(torch.int64).unsqueeze(-1)
-    p_d = p64[:gamma].gather(-1, idx).squeeze(-1)
-    q_d = q64.gather(-1, idx).squeeze(-1)
+    p_d = p[:gamma].gather(-1, idx).squeeze(-1).to(torch.float64)
+    q_d = q.gather(-1, idx).squeeze(-1).to(torch.float64)
     n = _leading_true(u_accept.to(torch.float64) * q_d < p_d)
+    bonus = p[gamma].to(torch.float64)
+    if p.device.type == "cpu" and int(n) == gamma:  # a free host read: skip the unused residual
+        return n, bonus
     m = n.clamp(max=gamma - 1)
-    correction = residual(_row(p64, m), _row(q64, m))
-    return n, torch.where(n == gamma, p64[gamma], correction)
+    return n, torch.where(n == gamma, bonus, residual(_row(p, m), _row(q, m)))
 
 
 def accept_sampled(

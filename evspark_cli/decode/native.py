@@ -7,6 +7,7 @@ it the new anchor. (A speculative round feeds the anchor plus gamma drafts inste
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -91,8 +92,14 @@ def prefill_prompt(model: StripedHyena, prompt: list[int], reserve: int, keep_hi
     return Prefilled(state, anchor, hidden, time.perf_counter() - t0)
 
 
+def all_finite(logits: Tensor) -> bool:
+    """True when no entry is NaN or inf. One sum shows any of them (a sum that only overflows
+    is rechecked entry by entry); 2 us where isfinite(...).all() takes 9-19 us per step/round."""
+    return math.isfinite(float(logits.sum())) or bool(torch.isfinite(logits).all())
+
+
 def check_finite(logits: Tensor, position: int, label: str) -> None:
-    if not bool(torch.isfinite(logits).all()):
+    if not all_finite(logits):
         where = f"record '{label}', " if label else ""
         raise RunError(f"{where}position {position}: the model produced NaN or inf logits")
 

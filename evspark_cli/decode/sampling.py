@@ -181,6 +181,11 @@ def _check_key(name: str, value: int) -> int:
     return int(value)
 
 
+def _unit_int(h: int, position: int) -> float:
+    """The last absorption and `_to_unit` on Python ints (bit-identical to the tensor path)."""
+    return (_fmix_int(h + (position + 1) * _GOLDEN) >> 11) * (2.0**-53)
+
+
 def _to_unit(h: Tensor) -> Tensor:
     """Top 53 bits of a 64-bit hash as a float64 in [0, 1 - 2**-53]; never 1.0."""
     return _srl(h, 11).to(torch.float64) * (2.0**-53)
@@ -190,7 +195,7 @@ def uniform(
     seed: int,
     record: int,
     sample: int,
-    position: Tensor | int,
+    position: Tensor | range | int,
     purpose: int,
     *,
     device: torch.device | str | None = None,
@@ -199,7 +204,8 @@ def uniform(
 
     Each key is absorbed as one splitmix64 step, h ← fmix64(h + (key + 1)·φ); the four scalar
     keys are hashed on the host, the position tensor elementwise. One number per element of
-    `position` (an int gives a 0-d tensor); the same key always gives the same number.
+    `position` (an int gives a 0-d tensor, a range a 1-d one); the same key always gives the
+    same number.
     """
     h = 0
     for name, key in (("seed", seed), ("record", record), ("sample", sample), ("purpose", purpose)):
@@ -208,10 +214,12 @@ def uniform(
         if position.is_floating_point() or position.is_complex():
             raise ValueError("position must be an integer tensor")
         pos = position.to(torch.int64)
+    elif isinstance(position, range):  # a round's few positions: host ints, as for one number
+        units = [_unit_int(h, _check_key("position", x)) for x in position]
+        return torch.tensor(units, dtype=torch.float64, device=device)
     else:  # one number: the same arithmetic on Python ints, 10x cheaper than tensor ops
-        pos_key = _check_key("position", position)
-        unit = (_fmix_int(h + (pos_key + 1) * _GOLDEN) >> 11) * (2.0**-53)
-        return torch.tensor(unit, dtype=torch.float64, device=device)
+        return torch.tensor(_unit_int(h, _check_key("position", position)), dtype=torch.float64,
+                            device=device)
     mixed = _fmix_tensor(_as_int64(h) + (pos + 1) * _as_int64(_GOLDEN))
     return _to_unit(mixed)
 

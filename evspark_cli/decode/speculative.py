@@ -20,7 +20,7 @@ import torch
 from ..model.model import StripedHyena
 from .acceptance import decide
 from .drafters.base import DraftContext, Drafter, RngKey
-from .native import DecodeResult, Prefilled, check_finite, start
+from .native import DecodeResult, Prefilled, all_finite, check_finite, start
 from .sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs
 
 ROLLBACKS = ("slice", "replay")
@@ -60,15 +60,14 @@ def decode_speculative(model: StripedHyena, prompt: list[int], max_new_tokens: i
         a = state.seqlen  # absolute position of the anchor; d_k sits at a + k
         if g > 0:
             assert prop is not None
-            u_acc = rng.u(torch.arange(a + 1, a + g + 1), Purpose.ACCEPT)
+            u_acc = rng.u(range(a + 1, a + g + 1), Purpose.ACCEPT)
             n, dist = decide(p, prop.q.to(p.device), drafts.to(p.device), u_acc)
             m = int(n)
         else:
             m, dist = 0, p[0]
         used = logits[0, : m + 1]  # rows after the first rejection never matter, as in native decoding
-        finite = torch.isfinite(used).all(dim=-1)
-        if not bool(finite.all()):
-            bad = int((~finite).nonzero()[0])
+        if not all_finite(used):
+            bad = int((~torch.isfinite(used).all(dim=-1)).nonzero()[0])
             check_finite(used[bad], a + 1 + bad, label)
         # the bonus token is a plain draw from p̃ (SAMPLE stream); a correction has its own stream
         u_next = rng.u(a + m + 1, Purpose.SAMPLE if m == g else Purpose.RESIDUAL)

@@ -18,7 +18,8 @@ from .config import ModelConfig
 from .layers import Derived, ResidualBlock, linear
 from .state import FIRPending, FIRWindow, HyenaPending, HyenaState, ModalPending, ModalState
 
-SHORT_BLOCK = 64  # blocks up to this length: LI states by a k x k product, FIRs by Toeplitz GEMMs
+SHORT_BLOCK = 64  # blocks up to this length: LI states by the step recurrence (inference) or a
+# k x k product (training), FIRs by Toeplitz GEMMs
 
 
 def fp32_filters(x: Tensor):
@@ -196,6 +197,8 @@ class HyenaFilter(nn.Module):
             sigma = torch.addcmul(w, p1, st.sigma)  # (B, D, 1) + (D, S) * (B, D, S)
             c = (sigma * R).sum(-1, keepdim=True) + Dskip
             return c, ModalPending(sigma[..., None], None, None, None)
+        if k <= SHORT_BLOCK and st is not None and not torch.is_grad_enabled():
+            return self._li_scan(w, st.sigma, R, Dskip)
         if k <= SHORT_BLOCK:
             powers, tri = self.li_toeplitz(k)
             sigmas = torch.einsum("dsji,bdi->bdsj", tri, w)
@@ -215,6 +218,23 @@ class HyenaFilter(nn.Module):
                 c = c + self._decayed_state_output(st.sigma, lam, R, k)
             pending = ModalPending(None, st.sigma, w, lam)
         return c, pending
+
+    def _li_scan(self, w: Tensor, sigma0: Tensor, R: Tensor, Dskip: Tensor):
+        """A verification block as k decode steps' recurrences, written into one buffer.
+
+        Each sigma_j is the decode step's own `addcmul`, so a block's states and outputs are
+        bit-identical to k single steps; and it reads (B, D, S) per position where the
+        lower-triangular product would read a (D, S, k, k) table (2 MB at k = 13)."""
+        lam, _ = self.poles()
+        p1 = self._memo("p1", (self.log_poles,), lambda: torch.exp(lam))
+        B, D, k = w.shape
+        sig = torch.empty(B, k, D, sigma0.shape[-1], device=w.device, dtype=sigma0.dtype)
+        w_pos = w.transpose(1, 2).unsqueeze(-1)  # (B, k, D, 1): position-major
+        prev = sigma0
+        for j in range(k):
+            prev = torch.addcmul(w_pos[:, j], p1, prev, out=sig[:, j])
+        c = (sig * R).sum(-1).transpose(1, 2) + Dskip  # (B, D, k)
+        return c, ModalPending(sig.permute(0, 2, 3, 1), None, None, None)
 
     @staticmethod
     def _decayed_state_output(sigma0: Tensor, lam: Tensor, R: Tensor, k: int) -> Tensor:

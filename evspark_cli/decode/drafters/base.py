@@ -26,7 +26,7 @@ class RngKey:
     record: int = 0
     sample: int = 0
 
-    def u(self, position: int | Tensor, purpose: Purpose) -> Tensor:
+    def u(self, position: int | range | Tensor, purpose: Purpose) -> Tensor:
         return uniform(self.seed, self.record, self.sample, position, int(purpose))
 
 

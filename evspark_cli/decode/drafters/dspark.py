@@ -178,7 +178,7 @@ class DSparkDrafter:
         ctx = net.condition(self.buf)
         U = net.base_logits(ctx, self.valid, torch.tensor([anchor], device=ctx.device), gamma)[0]
         U = U.float()
-        u = rng.u(torch.arange(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
+        u = rng.u(range(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
         # every conditional the left-to-right draws can meet, transformed in one batch:
         # Q[k, prev] = S(U_k + B_k[prev]) over the alphabet, prev = anchor's class or a letter
         Q = sampler_probs(U[:, None, :] + net.markov[:gamma].float(), sampler)  # (g, V+1, V)

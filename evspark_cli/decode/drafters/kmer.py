@@ -69,7 +69,7 @@ class KmerDrafter:
         cfg, rng = self.ctx.sampler, self.ctx.rng
         hist = self.history + [anchor]
         drafts, qs = [], []
-        u = rng.u(torch.arange(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
+        u = rng.u(range(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
         for k in range(gamma):
             tok, q = draw_on_alphabet(self.logits(hist), self.base_ids, cfg, u[k], self.vocab)
             drafts.append(tok)
