@@ -74,6 +74,10 @@ def make_config(hidden: int, layers: int) -> ModelConfig:
 
 
 def build_model(args) -> StripedHyena:
+    if args.compile:  # each length compiles at its first (warm-up) call, not inside timed ones
+        from evspark_cli.model import graphs
+
+        graphs.COMPILE_AFTER = 1
     if args.model:
         from evspark_cli.model.checkpoint import load_model
 

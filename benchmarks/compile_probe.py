@@ -25,6 +25,7 @@ import warnings
 import torch
 
 from evspark_cli.model.checkpoint import load_model
+from evspark_cli.model import graphs as graphs_mod
 from evspark_cli.model.graphs import static_state
 
 
@@ -89,6 +90,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    graphs_mod.COMPILE_AFTER = 1  # compile each block length at its first call (timed below)
     torch.set_num_threads(a.threads)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.tensor([65, 67, 71, 84])[torch.randint(0, 4, (1, a.context), generator=gen)]

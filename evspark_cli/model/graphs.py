@@ -19,6 +19,12 @@ between calls and works on them:
 
 `backend="eager"` re-runs the recorded static form instead of replaying a graph; tests use it
 on CPU to hold the static form to `extend`'s results. Long blocks (prefill chunks) stay eager.
+
+`backend="compile"` (CPU `--compile`) records nothing: torch.compile takes tensors as inputs,
+so one compiled static form per block length is called on the live state's own tensors (its
+Hyena windows made contiguous, its KV caches as they are), for every prompt and every record,
+and its outputs become the block directly: no static copies in, no copies out, no eager first
+calls per KV cache. A length is compiled once it has been used `COMPILE_AFTER` times.
 """
 from __future__ import annotations
 
@@ -31,7 +37,6 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import Tensor
 
-from .attention import RotaryEmbedding
 from .state import (Block, FIRPending, FIRWindow, HyenaPending, HyenaState, InferenceState,
                     KVPending, KVState, LayerPending, ModalPending, ModalState)
 
@@ -40,6 +45,7 @@ if TYPE_CHECKING:
 
 MAX_GRAPH_BLOCK = 64  # longer blocks are prefill chunks: eager
 MAX_RECORDINGS = 4  # e.g. the step and the verification block for two live prompts
+COMPILE_AFTER = 32  # "compile": a block length is compiled at its 32nd call (eager before)
 
 
 @dataclass
@@ -113,6 +119,8 @@ class GraphRunner:
         self.sightings: OrderedDict[tuple, int] = OrderedDict()  # keys met once, not recorded
         self.disabled_reason: str | None = None
         self.replays = 0
+        self.compiled_fns: dict[int, Callable] = {}  # "compile": block length -> compiled form
+        self.calls_by_length: dict[int, int] = {}  # "compile": calls of lengths not compiled yet
 
     # ------------------------------------------------------------------ dispatch
     def takes(self, state: InferenceState, ids: Tensor) -> bool:
@@ -133,6 +141,8 @@ class GraphRunner:
         for st in state.layers:
             if isinstance(st, KVState):
                 st.check()  # a stale branch fails here exactly as in eager extend
+        if self.backend == "compile":
+            return self._compiled_extend(state, ids)
         key = (tuple(ids.shape), ids.device,
                tuple((id(st.cache), st.cache.k.data_ptr(), st.cache.v.data_ptr(),
                       st.cache.capacity) for st in state.layers if isinstance(st, KVState)))
@@ -146,12 +156,7 @@ class GraphRunner:
             try:
                 rec = self._record(state, ids)
             except Exception as exc:  # noqa: BLE001 - any capture failure: fall back to eager
-                first = (str(exc).strip().splitlines() or [""])[0][:200]  # one line on stderr
-                self.disabled_reason = f"{type(exc).__name__}: {first}"
-                what = "torch.compile" if self.backend == "compile" else "graph capture"
-                print(f"evspark: {what} failed ({self.disabled_reason}); decoding eagerly",
-                      file=sys.stderr)
-                return self.model.extend_eager(state, ids)
+                return self._give_up(exc, state, ids)
             self.recordings[key] = rec
             if len(self.recordings) > MAX_RECORDINGS:
                 self.recordings.popitem(last=False)
@@ -166,6 +171,47 @@ class GraphRunner:
         self.replays += 1
         pendings = tuple(fresh_pending(p, st, t0) for p, st in zip(rec.pendings, state.layers))
         return rec.logits.clone(), rec.hidden.clone(), Block(pendings, t0, ids.shape[1])
+
+    def _give_up(self, exc: Exception, state: InferenceState, ids: Tensor
+                 ) -> tuple[Tensor, Tensor, Block]:
+        """Disable the runner after a failed capture or compile: one line on stderr, then eager."""
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        self.disabled_reason = f"{type(exc).__name__}: {first}"
+        what = "torch.compile" if self.backend == "compile" else "graph capture"
+        print(f"evspark: {what} failed ({self.disabled_reason}); decoding eagerly",
+              file=sys.stderr)
+        return self.model.extend_eager(state, ids)
+
+    # ------------------------------------------------------------------ compile backend
+    def _compiled_extend(self, state: InferenceState, ids: Tensor
+                         ) -> tuple[Tensor, Tensor, Block]:
+        model, k, t0 = self.model, ids.shape[1], state.seqlen
+        fn = self.compiled_fns.get(k)
+        if fn is None:
+            # compiling takes seconds and saves about a millisecond per call: only the lengths a
+            # decoder keeps using (the step, gamma + 1) earn it, not the last round's odd length
+            seen = self.calls_by_length[k] = self.calls_by_length.get(k, 0) + 1
+            if seen < COMPILE_AFTER:
+                return model.extend_eager(state, ids)
+            fn = self.compiled_fns[k] = compile_static_form(k)
+        view = compile_view(model, state)
+        try:
+            outs = fn(model, ids, torch.tensor(t0, dtype=torch.long, device=ids.device), view)
+        except Exception as exc:  # noqa: BLE001 - a compiler failure: fall back to eager
+            return self._give_up(exc, state, ids)
+        self.replays += 1
+        it = iter(outs[2:])
+        pendings: list[LayerPending] = []
+        for st in state.layers:
+            if isinstance(st, KVState):  # the compiled form wrote rows t0.. of this cache
+                pendings.append(KVPending(st.cache, t0, st.cache.note_write(t0)))
+                continue
+            feat = FIRPending(next(it), st.feat.buf.shape[-1])
+            inner = next(it)
+            pendings.append(HyenaPending(feat, ModalPending(inner, None, None, None)
+                                         if isinstance(st.inner, ModalState)
+                                         else FIRPending(inner, st.inner.buf.shape[-1])))
+        return outs[0], outs[1], Block(tuple(pendings), t0, k)
 
     # ------------------------------------------------------------------ recording
     def _record(self, state: InferenceState, ids: Tensor) -> Recording:
@@ -183,7 +229,7 @@ class GraphRunner:
         def run() -> tuple[Tensor, Tensor | None, Block | None]:
             return model._run(s_ids, s_state, True, position=s_pos)
 
-        if self.backend in ("eager", "compile"):
+        if self.backend == "eager":
             logits, hidden, block = run()
             assert hidden is not None and block is not None
             outs = [logits, hidden] + pending_tensors(block.pendings)
@@ -193,13 +239,8 @@ class GraphRunner:
                 assert hd is not None and bl is not None
                 return [lg, hd] + pending_tensors(bl.pendings)
 
-            fn = tensors
-            if self.backend == "compile":
-                fn = compiled(tensors, model, state, ids.shape[1])
-                fn()  # a compiler's failure surfaces here, inside the capture's try
-
             def replay() -> None:
-                for dst, src in zip(outs, fn()):
+                for dst, src in zip(outs, tensors()):
                     dst.copy_(src)
         else:
             side = torch.cuda.Stream(device=ids.device)
@@ -224,26 +265,60 @@ class GraphRunner:
 _CODES: dict[int, CodeType] = {}  # block length -> the code object its compiled form hangs on
 
 
-def compiled(fn: Callable[[], list[Tensor]], model: "StripedHyena", state: InferenceState, k: int
-             ) -> Callable[[], list[Tensor]]:
-    """`fn` through torch.compile (the "compile" backend: CPU decoding without per-op dispatch).
+def static_form(model: "StripedHyena", ids: Tensor, position: Tensor, state: InferenceState
+                ) -> list[Tensor]:
+    """extend(k) in the static form, as a flat list: logits, hidden, per-position states."""
+    logits, hidden, block = model._run(ids, state, True, position=position)
+    assert hidden is not None and block is not None
+    return [logits, hidden] + pending_tensors(block.pendings)
+
+
+def compile_static_form(k: int) -> Callable:
+    """`static_form` through torch.compile, for blocks of length k (the "compile" backend).
 
     The static form has no Python-int position, so it traces to one graph per block length.
     torch.compile keeps its compiled variants on the function's code object; each block length
     gets a code object of its own (same code, named by k), so lengths neither count against
-    one recompile limit nor turn each other's shapes dynamic. The KV caches' capacity is marked
-    dynamic (and the RoPE table that covers it), so the states of other prompts reuse the code."""
+    one recompile limit nor turn each other's shapes dynamic."""
+    code = _CODES.setdefault(k, static_form.__code__.replace(co_name=f"extend_block_{k}"))
+    return torch.compile(FunctionType(code, static_form.__globals__, code.co_name))
+
+
+def compile_view(model: "StripedHyena", state: InferenceState) -> InferenceState:
+    """`state` as the compiled form takes it: Hyena windows contiguous (a committed window is a
+    view whose strides depend on the block it came from, and would be recompiled for), KV
+    caches shared with their capacity and the RoPE table that covers it marked dynamic (so
+    every prompt's cache runs the same compiled code), length 0 (the position is a tensor)."""
+    layers: list = []
+    capacity = 0
     for st in state.layers:
-        if isinstance(st, KVState):
-            torch._dynamo.mark_dynamic(st.cache.k, 2)
-            torch._dynamo.mark_dynamic(st.cache.v, 2)
-    for m in model.modules():  # the RoPE table covers the capacity, so its length varies too
-        if isinstance(m, RotaryEmbedding):
-            for t in m._derived.peek("table"):
-                torch._dynamo.mark_dynamic(t, 0)
-    code = _CODES.setdefault(k, fn.__code__.replace(co_name=f"extend_block_{k}"))
-    per_k = FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-    return torch.compile(per_k)
+        if isinstance(st, HyenaState):
+            inner = (ModalState(_dense(st.inner.sigma)) if isinstance(st.inner, ModalState)
+                     else FIRWindow(_dense(st.inner.buf)))
+            layers.append(HyenaState(FIRWindow(_dense(st.feat.buf)), inner))
+            continue
+        torch._dynamo.mark_dynamic(st.cache.k, 2)
+        torch._dynamo.mark_dynamic(st.cache.v, 2)
+        layers.append(KVState(st.cache, 0))
+        capacity = st.cache.capacity
+    if capacity:
+        for blk in model.blocks:  # every row the block can reach has its rotary angles
+            if blk.kind == "attn":
+                rope = blk.inner_mha_cls.rotary_emb
+                rope.table(capacity)
+                for t in rope._derived.peek("table"):
+                    torch._dynamo.mark_dynamic(t, 0)
+    return InferenceState(tuple(layers), 0)
+
+
+def _dense(t: Tensor) -> Tensor:
+    """t with row-major strides, exactly (`contiguous()` keeps a size-1 dim's odd stride, which
+    torch.compile's guards still compare)."""
+    want, step = [], 1
+    for n in reversed(t.shape):
+        want.append(step)
+        step *= n
+    return t if t.stride() == tuple(reversed(want)) else t.clone(memory_format=torch.contiguous_format)
 
 
 def pending_tensors(pendings) -> list[Tensor]:
