@@ -580,6 +580,25 @@ def test_cached_block_mask_equals_built_mask(t0, k):
     close(attention.attend_block(q, keys, vals, t0), want, tol=1e-6, what="cached mask")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_short_block_attention_on_cuda(dtype):
+    """Short blocks on CUDA build their boolean mask (the cached additive mask is CPU-only: a
+    view of it that starts off 16-byte alignment faulted in the memory-efficient kernel)."""
+    from evspark_cli.model import attention
+
+    g = torch.Generator().manual_seed(3)
+    q, keys, vals = (torch.randn(1, 3, n, 64, generator=g).to("cuda", dtype)
+                     for n in (13, 37 + 13, 37 + 13))
+    allowed = torch.arange(50, device="cuda")[None, :] <= torch.arange(37, 50, device="cuda")[:, None]
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), keys.float(), vals.float(),
+                                                            attn_mask=allowed)
+    got = attention.attend_block(q, keys, vals, 37)
+    torch.cuda.synchronize()
+    close(got.float(), want, tol=1e-5 if dtype == torch.float32 else 3e-2, what="cuda block")
+
+
 @pytest.mark.parametrize("k", [2, 13])
 def test_modal_block_is_bit_identical_to_steps(make_model, k):
     """A short Hyena-LI block runs the decode step's recurrence per position, so its outputs and

@@ -114,7 +114,8 @@ def attend_block(q: Tensor, keys: Tensor, vals: Tensor, t0: int) -> Tensor:
         return F.scaled_dot_product_attention(q, keys, vals)
     if t0 >= SPLIT_MIN_PREFIX and _flash_lse is not None and q.device.type == "cpu":
         return _attend_split(q, keys, vals, t0)
-    if k <= MASKED_BLOCK and t0 < SPLIT_MIN_PREFIX and not torch.is_grad_enabled():
+    if (k <= MASKED_BLOCK and t0 < SPLIT_MIN_PREFIX and q.device.type == "cpu"
+            and not torch.is_grad_enabled()):
         return F.scaled_dot_product_attention(q, keys, vals,
                                               attn_mask=block_mask(k, t0, q.dtype, q.device))
     outs = []
@@ -138,8 +139,9 @@ def block_mask(k: int, t0: int, dtype: torch.dtype, device) -> Tensor:
 
     One (k, SPLIT_MIN_PREFIX + k) buffer per block length holds the triangle at column
     SPLIT_MIN_PREFIX; the mask for t0 is the window starting t0 columns before it. A block then
-    builds no mask at all (a quarter of its attention time at 1k context on CPU). Inference
-    only: a buffer made under inference_mode cannot take part in autograd."""
+    builds no mask at all (a quarter of its attention time at 1k context on CPU). CPU inference
+    only: a buffer made under inference_mode cannot take part in autograd, and CUDA's
+    memory-efficient kernel faults on a mask view that starts off its 16-byte alignment."""
     key = (k, dtype, torch.device(device))
     buf = _BLOCK_MASKS.get(key)
     if buf is None:
