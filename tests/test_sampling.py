@@ -294,6 +294,8 @@ def test_uniform_is_deterministic_and_batch_independent() -> None:
     # a range (a round's positions) is hashed on the host, bit-identically
     assert torch.equal(uniform(5, 1, 0, range(100, 164), Purpose.ACCEPT), a)
     assert uniform(5, 1, 0, range(7, 7), Purpose.ACCEPT).shape == (0,)
+    with pytest.raises(ValueError, match="position"):
+        uniform(5, 1, 0, range(-2, 3), Purpose.ACCEPT)
 
 
 def test_each_key_changes_the_stream() -> None:

@@ -215,7 +215,10 @@ def uniform(
             raise ValueError("position must be an integer tensor")
         pos = position.to(torch.int64)
     elif isinstance(position, range):  # a round's few positions: host ints, as for one number
-        units = [_unit_int(h, _check_key("position", x)) for x in position]
+        if len(position):  # a range's extremes are its ends
+            _check_key("position", position[0])
+            _check_key("position", position[-1])
+        units = [_unit_int(h, x) for x in position]
         return torch.tensor(units, dtype=torch.float64, device=device)
     else:  # one number: the same arithmetic on Python ints, 10x cheaper than tensor ops
         return torch.tensor(_unit_int(h, _check_key("position", position)), dtype=torch.float64,
