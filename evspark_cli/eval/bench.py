@@ -122,6 +122,9 @@ def speed_and_greedy(model: StripedHyena, prompts: list[Prompt], drafters: dict[
     rows: dict[str, list[dict]] = {}
     first_dspark = next((n for n in drafters if n.startswith("dspark")), None)
     replay_for = {first_dspark}  # the snapshot-and-replay baseline for the main drafter
+    tie_tol = cfg.tie_tolerance
+    if tie_tol is None:
+        tie_tol = default_tie_tolerance(next(model.parameters()).dtype)
     for mode, sampler in (("greedy", GREEDY), ("sampled", SAMPLED)):
         for i, p in enumerate(prompts):
             for r in range(cfg.repeats):
@@ -142,10 +145,7 @@ def speed_and_greedy(model: StripedHyena, prompts: list[Prompt], drafters: dict[
                                "position_trials": spec.position_trials,
                                "position_accepts": spec.position_accepts, "tau": spec.tau}
                         if mode == "greedy":
-                            tol = cfg.tie_tolerance
-                            if tol is None:
-                                tol = default_tie_tolerance(next(model.parameters()).dtype)
-                            row["greedy"] = compare_greedy(p.id, nat, spec, tol)
+                            row["greedy"] = compare_greedy(p.id, nat, spec, tie_tol)
                         rows.setdefault(f"{dname}/{mode}/{rb}", []).append(row)
             log(f"speed {mode} {p.id}: " + ", ".join(
                 f"{n.split('/')[0]}/{n.split('/')[2]} {v[-1]['native_s'] / v[-1]['spec_s']:.2f}x"

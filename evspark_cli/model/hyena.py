@@ -144,6 +144,10 @@ class HyenaFilter(nn.Module):
         return self._memo("poles", (self.log_poles, self.residues),
                           lambda: (self.log_poles[..., 0].float(), self.residues.float()))
 
+    def step_poles(self) -> Tensor:
+        """p = exp(lambda) (D, S): one decode step's decay of the modal state."""
+        return self._memo("p1", (self.log_poles,), lambda: torch.exp(self.poles()[0]))
+
     def li_impulse(self, n: int) -> Tensor:
         """h[d, t] = sum_s R[d, s] exp(lambda[d, s] t) for t < n, built in chunks (no D x S x L).
 
@@ -193,8 +197,7 @@ class HyenaFilter(nn.Module):
         k = w.shape[-1]
         Dskip = self.D.float()[:, None] * w
         if k == 1 and st is not None:  # a decode step: sigma_1 = p sigma_0 + w_1
-            p1 = self._memo("p1", (self.log_poles,), lambda: torch.exp(lam))
-            sigma = torch.addcmul(w, p1, st.sigma)  # (B, D, 1) + (D, S) * (B, D, S)
+            sigma = torch.addcmul(w, self.step_poles(), st.sigma)  # (B, D, 1) + (D, S) * (B, D, S)
             c = (sigma * R).sum(-1, keepdim=True) + Dskip
             return c, ModalPending(sigma[..., None], None, None, None)
         if k <= SHORT_BLOCK and st is not None and not torch.is_grad_enabled():
@@ -225,8 +228,7 @@ class HyenaFilter(nn.Module):
         Each sigma_j is the decode step's own `addcmul`, so a block's states and outputs are
         bit-identical to k single steps; and it reads (B, D, S) per position where the
         lower-triangular product would read a (D, S, k, k) table (2 MB at k = 13)."""
-        lam, _ = self.poles()
-        p1 = self._memo("p1", (self.log_poles,), lambda: torch.exp(lam))
+        p1 = self.step_poles()
         B, D, k = w.shape
         sig = torch.empty(B, k, D, sigma0.shape[-1], device=w.device, dtype=sigma0.dtype)
         w_pos = w.transpose(1, 2).unsqueeze(-1)  # (B, k, D, 1): position-major
