@@ -350,6 +350,18 @@ def test_uniform_rejects_bad_keys(bad: object) -> None:
         uniform(0, 0, 0, torch.tensor([0.5]), 0)
 
 
+@pytest.mark.parametrize("bad", [True, 1.0])
+def test_cached_key_hash_still_rejects_lookalikes(bad: object) -> None:
+    """The scalar keys' hash is cached; True and 1.0 hash like 1 but must not hit its entry."""
+    for purpose in (0, 1):
+        good = uniform(1, 1, 1, 5, purpose)
+        with pytest.raises(ValueError):
+            uniform(bad, 1, 1, 5, purpose)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            uniform(1, 1, 1, 5, bad)  # type: ignore[arg-type]
+        assert float(uniform(1, 1, 1, 5, purpose)) == float(good)
+
+
 # --------------------------------------------------------------------------- inverse-CDF draws
 
 

@@ -7,6 +7,7 @@ run is reproducible and does not depend on batch composition.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from enum import IntEnum
@@ -191,6 +192,16 @@ def _to_unit(h: Tensor) -> Tensor:
     return _srl(h, 11).to(torch.float64) * (2.0**-53)
 
 
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: True and 1.0 are refused, not hits
+def _key_hash(seed: int, record: int, sample: int, purpose: int) -> int:
+    """The hash after absorbing the four scalar keys: a record's decode asks for the same few
+    (one per purpose) at every position, so they are hashed once."""
+    h = 0
+    for name, key in (("seed", seed), ("record", record), ("sample", sample), ("purpose", purpose)):
+        h = _fmix_int(h + (_check_key(name, key) + 1) * _GOLDEN)
+    return h
+
+
 def uniform(
     seed: int,
     record: int,
@@ -207,9 +218,7 @@ def uniform(
     `position` (an int gives a 0-d tensor, a range a 1-d one); the same key always gives the
     same number.
     """
-    h = 0
-    for name, key in (("seed", seed), ("record", record), ("sample", sample), ("purpose", purpose)):
-        h = _fmix_int(h + (_check_key(name, key) + 1) * _GOLDEN)
+    h = _key_hash(seed, record, sample, purpose)
     if isinstance(position, Tensor):
         if position.is_floating_point() or position.is_complex():
             raise ValueError("position must be an integer tensor")

@@ -231,10 +231,11 @@ class HyenaFilter(nn.Module):
         p1 = self.step_poles()
         B, D, k = w.shape
         sig = torch.empty(B, k, D, sigma0.shape[-1], device=w.device, dtype=sigma0.dtype)
-        w_pos = w.transpose(1, 2).unsqueeze(-1)  # (B, k, D, 1): position-major
+        # per-position views made once (unbind), so the loop issues nothing but the k addcmuls
+        w_pos = w.transpose(1, 2).unsqueeze(-1).unbind(1)  # k x (B, D, 1)
         prev = sigma0
-        for j in range(k):
-            prev = torch.addcmul(w_pos[:, j], p1, prev, out=sig[:, j])
+        for w_j, sig_j in zip(w_pos, sig.unbind(1)):
+            prev = torch.addcmul(w_j, p1, prev, out=sig_j)
         c = (sig * R).sum(-1).transpose(1, 2) + Dskip  # (B, D, k)
         return c, ModalPending(sig.permute(0, 2, 3, 1), None, None, None)
 
