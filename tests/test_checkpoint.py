@@ -106,8 +106,16 @@ def test_bf16_storage_loads_into_fp32(tmp_path, make_model):
         pl, _, st = lowp.prefill(IDS[:1, :30])
         nxt, _, blk = lowp.extend(st, IDS[:1, 30:34])
         blk.commit(2)
+        steps, s = [], st
+        for j in range(30, 34):
+            lj, _, bj = lowp.extend(s, IDS[:1, j: j + 1])
+            steps.append(lj.float())
+            s = bj.commit(1)
     assert torch.isfinite(lg).all() and torch.isfinite(nxt).all()
-    assert (pl.float() - lg[:, :30]).abs().max() < 0.5
+    # bf16 rounds differently along different paths; each stays within a few % of the others
+    scale = float(lg.abs().max())
+    assert (pl.float() - lg[:, :30]).abs().max() < 0.05 * scale
+    assert (nxt.float() - torch.cat(steps, dim=1)).abs().max() < 0.05 * scale
     assert (lg - orig[:1]).abs().max() < 0.1 * orig.abs().max()
 
 

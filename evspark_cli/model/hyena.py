@@ -4,6 +4,14 @@ Every operator is ``out_proj(q * filter(k * v))`` on featurized input projection
 §3.2). One code path serves the stateless forward, prefill and block verification: a block of k
 inputs is convolved over ``[state ; inputs]``; without a state the history is zeros.
 Filters run in fp32 whatever the weight dtype (Evo 2's precision policy).
+
+The filters see one of two layouts of the same values. Verification blocks (2 <= k <= 64, with
+a state, in inference) stay position-major, (B, k, C), as the projections produce them: a few
+taps are a few multiply-adds over row slices, the block needs no transposes or copies (1-4 %
+cheaper on CPU, `benchmarks/verify_cost.py`), and with bf16 activations its products round as
+the decode steps' do, so a block matches the steps it stands for. Decode steps (where both
+layouts are the same memory) and long blocks (FFTs along positions) run channel-major, (B, C, k).
+States are channel-major either way; a block's committed window is a view of its buffer.
 """
 from __future__ import annotations
 
@@ -19,7 +27,8 @@ from .layers import Derived, ResidualBlock, linear
 from .state import FIRPending, FIRWindow, HyenaPending, HyenaState, ModalPending, ModalState
 
 SHORT_BLOCK = 64  # blocks up to this length: LI states by the step recurrence (inference) or a
-# k x k product (training), FIRs by Toeplitz GEMMs
+# k x k product (training), FIRs by multiply-adds (few taps) or Toeplitz GEMMs
+FEW_TAPS = 8  # FIRs with at most this many taps run as one multiply-add per tap on short blocks
 
 
 def fp32_filters(x: Tensor):
@@ -85,6 +94,30 @@ def fir_extend(x: Tensor, window: FIRWindow | None, weight: Tensor,
     return depthwise_causal_conv(widened, weight), pending
 
 
+def fir_block(x: Tensor, window: FIRWindow, rows: Tensor | None, toeplitz: Tensor | None = None
+              ) -> tuple[Tensor, FIRPending]:
+    """`fir_extend` for a verification block in position-major layout: x (B, k, C) -> (B, k, C).
+
+    `rows` are the (K, C) cross-correlation taps, one row per tap (one multiply-add each); or
+    `toeplitz`, a grouped filter's matrices for this k, makes the block one batched product. The widened buffer
+    [window ; x] is built as (B, K-1+k, C) and handed to the pending as its (B, C, K-1+k) view,
+    so commit(j) is the same slice as after `fir_extend`."""
+    B, k, C = x.shape
+    width = window.buf.shape[-1]
+    widened = torch.cat([window.buf.transpose(1, 2), x.to(window.buf.dtype)], dim=1)
+    pending = FIRPending(widened.transpose(1, 2), width)
+    if toeplitz is None:
+        assert rows is not None
+        out = widened[:, :k] * rows[0]
+        for j in range(1, width + 1):
+            out.addcmul_(widened[:, j: j + k], rows[j])
+        return out, pending
+    G = toeplitz.shape[0]
+    groups = widened.view(B, width + k, G, C // G).permute(0, 2, 1, 3)  # (B, G, K-1+k, C/G)
+    out = torch.matmul(toeplitz, groups)  # (B, G, k, C/G)
+    return out.permute(0, 2, 1, 3).reshape(B, k, C), pending
+
+
 class HyenaFilter(nn.Module):
     """Parameters of one Hyena operator, named as in Evo 2 checkpoints (``blocks.i.filter.*``)."""
 
@@ -126,6 +159,15 @@ class HyenaFilter(nn.Module):
             return (h if self.kind == "hcs" else h.flip(-1)).contiguous()
 
         return self._memo("fir", (self.h,), build)
+
+    def feat_rows(self) -> Tensor:
+        """The featurizer taps as (K, 3D), one contiguous row per tap (position-major blocks)."""
+        return self._memo("feat_rows", (self.short_filter_weight,),
+                          lambda: self.feat_taps().t().contiguous())
+
+    def fir_rows(self) -> Tensor:
+        """The SE/MR taps as (K, D), one contiguous row per tap (position-major blocks)."""
+        return self._memo("fir_rows", (self.h,), lambda: self.fir_taps().t().contiguous())
 
     def fir_toeplitz(self, k: int) -> Tensor:
         """(G, k, K-1+k): row i of group g holds its taps at columns i..i+K-1 (cached per k)."""
@@ -192,6 +234,22 @@ class HyenaFilter(nn.Module):
             return c, pending
         return self._li(w, st)  # type: ignore[arg-type]
 
+    def inner_block(self, w: Tensor, st: FIRWindow | ModalState):
+        """`inner` for a verification block in position-major layout: w (B, k, D) fp32 -> c."""
+        if self.kind == "hcl":
+            return self._li_scan(w, st.sigma)  # type: ignore[union-attr]
+        k, K = w.shape[1], self.h.shape[-1]
+        if K <= FEW_TAPS:
+            c, pending = fir_block(w, st, self.fir_rows())  # type: ignore[arg-type]
+        elif self.hidden // self.groups > 1:
+            c, pending = fir_block(w, st, None, self.fir_toeplitz(k))  # type: ignore[arg-type]
+        else:  # many taps, no groups to share them: the channel-major convolution
+            cm, pending = fir_extend(w.transpose(1, 2), st, self.fir_taps())  # type: ignore[arg-type]
+            c = cm.transpose(1, 2)
+        if self.kind == "hcm":
+            c = c + self.D.float() * w
+        return c, pending
+
     def _li(self, w: Tensor, st: ModalState | None):
         lam, R = self.poles()
         k = w.shape[-1]
@@ -200,8 +258,6 @@ class HyenaFilter(nn.Module):
             sigma = torch.addcmul(w, self.step_poles(), st.sigma)  # (B, D, 1) + (D, S) * (B, D, S)
             c = (sigma * R).sum(-1, keepdim=True) + Dskip
             return c, ModalPending(sigma[..., None], None, None, None)
-        if k <= SHORT_BLOCK and st is not None and not torch.is_grad_enabled():
-            return self._li_scan(w, st.sigma, R, Dskip)
         if k <= SHORT_BLOCK:
             powers, tri = self.li_toeplitz(k)
             sigmas = torch.einsum("dsji,bdi->bdsj", tri, w)
@@ -222,21 +278,22 @@ class HyenaFilter(nn.Module):
             pending = ModalPending(None, st.sigma, w, lam)
         return c, pending
 
-    def _li_scan(self, w: Tensor, sigma0: Tensor, R: Tensor, Dskip: Tensor):
-        """A verification block as k decode steps' recurrences, written into one buffer.
+    def _li_scan(self, w: Tensor, sigma0: Tensor):
+        """A verification block (w: (B, k, D), position-major) as k decode steps' recurrences,
+        written into one buffer.
 
         Each sigma_j is the decode step's own `addcmul`, so a block's states and outputs are
         bit-identical to k single steps; and it reads (B, D, S) per position where the
         lower-triangular product would read a (D, S, k, k) table (2 MB at k = 13)."""
         p1 = self.step_poles()
-        B, D, k = w.shape
+        _, R = self.poles()
+        B, k, D = w.shape
         sig = torch.empty(B, k, D, sigma0.shape[-1], device=w.device, dtype=sigma0.dtype)
         # per-position views made once (unbind), so the loop issues nothing but the k addcmuls
-        w_pos = w.transpose(1, 2).unsqueeze(-1).unbind(1)  # k x (B, D, 1)
         prev = sigma0
-        for w_j, sig_j in zip(w_pos, sig.unbind(1)):
+        for w_j, sig_j in zip(w.unsqueeze(-1).unbind(1), sig.unbind(1)):
             prev = torch.addcmul(w_j, p1, prev, out=sig_j)
-        c = (sig * R).sum(-1).transpose(1, 2) + Dskip  # (B, D, k)
+        c = (sig * R).sum(-1) + self.D.float() * w  # (B, k, D)
         return c, ModalPending(sig.permute(0, 2, 3, 1), None, None, None)
 
     @staticmethod
@@ -267,19 +324,32 @@ class HyenaBlock(ResidualBlock):
 
     def mix(self, u: Tensor, st: HyenaState | None, t0: int) -> tuple[Tensor, HyenaPending | None]:
         act = u.dtype
-        p = linear(u, self.projections.weight).transpose(1, 2).float()  # (B, 3D, k)
+        p = linear(u, self.projections.weight).float()  # (B, k, 3D)
+        block = (st is not None and 1 < u.shape[1] <= SHORT_BLOCK
+                 and not torch.is_grad_enabled())  # a verification block: position-major filters
         with fp32_filters(p):  # autocast (bf16 training) must not round the filters or their FFTs
-            z, feat_pending = fir_extend(p, st.feat if st is not None else None,
-                                         self.filter.feat_taps())
+            if block:
+                assert st is not None
+                z, feat_pending = fir_block(p, st.feat, self.filter.feat_rows())
+            else:
+                zc, feat_pending = fir_extend(p.transpose(1, 2), st.feat if st is not None else None,
+                                              self.filter.feat_taps())
+                z = zc.transpose(1, 2)
             z = z.to(act)
-            q, k, v = z[:, 0::3], z[:, 1::3], z[:, 2::3]  # de-interleave: post-gate, pre-gate, value
-            w = (k * v).float()
-            c, inner_pending = self.filter.inner(w, st.inner if st is not None else None)
+            q, k, v = z[..., 0::3], z[..., 1::3], z[..., 2::3]  # de-interleave: post-gate, pre-gate, value
+            w = (k * v).float()  # (B, k, D), either layout's strides
+            if block:
+                assert st is not None
+                c, inner_pending = self.filter.inner_block(w, st.inner)
+            else:
+                cc, inner_pending = self.filter.inner(w.transpose(1, 2),
+                                                      st.inner if st is not None else None)
+                c = cc.transpose(1, 2)
         if self.filter.kind == "hcl":
             y = (q.float() * c).to(act)
         else:
             y = q * c.to(act)
-        out = linear(y.transpose(1, 2), self.out_filter_dense.weight, self.out_filter_dense.bias)
+        out = linear(y, self.out_filter_dense.weight, self.out_filter_dense.bias)
         pending = HyenaPending(feat_pending, inner_pending) if st is not None else None
         return out, pending
 
