@@ -621,6 +621,39 @@ def test_modal_block_is_bit_identical_to_steps(make_model, k):
     assert torch.equal(c.transpose(1, 2), torch.cat(outs, dim=-1))
 
 
+@pytest.mark.parametrize("k", [2, 13, 64])
+def test_fir_block_forms_equal_steps(make_model, k):
+    """Every form of a position-major FIR block (multiply-adds over rows, unfolded windows, the
+    grouped Toeplitz product) gives k single steps' outputs and, at every j, their window."""
+    from evspark_cli.model.hyena import fir_block, fir_extend
+    from evspark_cli.model.state import FIRWindow
+
+    model = make_model(CONFIGS["mixed"], seed=6)
+    g = torch.Generator().manual_seed(k)
+    for kind in ("hcs", "hcm"):
+        filt = next(b.filter for b in model.blocks if b.kind == kind)
+        for which, taps in (("feat", filt.feat_taps()), ("fir", filt.fir_taps())):
+            C, K = taps.shape
+            x = torch.randn(2, k, C, generator=g)
+            win = FIRWindow(torch.randn(2, C, K - 1, generator=g))
+            forms = [{"rows": taps.t().contiguous()}, {"weight": taps}]
+            if which == "fir":
+                assert filt.hidden // filt.groups > 1  # grouped: the Toeplitz form applies
+                forms.append({"toeplitz": filt.fir_toeplitz(k)})
+            with torch.inference_mode():
+                st, steps, windows = win, [], []
+                for j in range(k):
+                    yj, pj = fir_extend(x[:, j: j + 1].transpose(1, 2), st, taps)
+                    steps.append(yj.transpose(1, 2))
+                    st = pj.commit(1)
+                    windows.append(st.buf)
+                for form in forms:
+                    out, pending = fir_block(x, win, **form)
+                    close(out, torch.cat(steps, dim=1), tol=1e-5, what=f"{kind} K={K} {list(form)}")
+                    for j in range(k):
+                        assert torch.equal(pending.commit(j + 1).buf, windows[j])
+
+
 @torch.inference_mode()
 def test_bf16_block_rounds_like_decode_steps(make_model):
     """With bf16 activations a verification block takes the decode step's roundings: its

@@ -7,10 +7,9 @@ Filters run in fp32 whatever the weight dtype (Evo 2's precision policy).
 
 The filters see one of two layouts of the same values. Verification blocks (2 <= k <= 64, with
 a state, in inference) stay position-major, (B, k, C), as the projections produce them: a few
-FIRs of a few taps are the decode step's own expression (bit-identical to steps), the block
-needs no transposes or copies (1-4 % cheaper on CPU, `benchmarks/verify_cost.py`), and with bf16
-activations its products round as the decode steps' do, so a block matches the steps it stands
-for. Decode steps (where both
+FIRs of a few taps are a few multiply-adds over row slices, the block needs no transposes or
+copies (1-4 % cheaper on CPU, `benchmarks/verify_cost.py`), and with bf16 activations its
+products round as the decode steps' do, so a block matches the steps it stands for. Decode steps (where both
 layouts are the same memory) and long blocks (FFTs along positions) run channel-major, (B, C, k).
 States are channel-major either way; a block's committed window is a view of its buffer.
 """
@@ -28,8 +27,8 @@ from .layers import Derived, ResidualBlock, linear
 from .state import FIRPending, FIRWindow, HyenaPending, HyenaState, ModalPending, ModalState
 
 SHORT_BLOCK = 64  # blocks up to this length: LI states by the step recurrence (inference) or a
-# k x k product (training), FIRs by the step's expression (few taps) or Toeplitz GEMMs
-FEW_TAPS = 8  # short blocks of FIRs with at most this many taps: the step's expression per output
+# k x k product (training), FIRs by multiply-adds or unfolded windows (few taps), or Toeplitz GEMMs
+FEW_TAPS = 8  # short blocks of SE/MR filters with at most this many taps: unfolded windows
 
 
 def fp32_filters(x: Tensor):
@@ -95,22 +94,29 @@ def fir_extend(x: Tensor, window: FIRWindow | None, weight: Tensor,
     return depthwise_causal_conv(widened, weight), pending
 
 
-def fir_block(x: Tensor, window: FIRWindow, weight: Tensor, toeplitz: Tensor | None = None
+def fir_block(x: Tensor, window: FIRWindow, *, rows: Tensor | None = None,
+              weight: Tensor | None = None, toeplitz: Tensor | None = None
               ) -> tuple[Tensor, FIRPending]:
     """`fir_extend` for a verification block in position-major layout: x (B, k, C) -> (B, k, C).
 
-    With (C, K) taps `weight` each output is the decode step's own expression, the sum over K of
-    taps times its window, read from the buffer's unfolded windows: bit-identical to k steps.
-    With `toeplitz` (a grouped filter's matrices for this k, for long filters) it is one batched
-    product instead. The widened buffer
+    The taps come in one of three forms: `rows` (K, C), one contiguous row per tap, for K
+    multiply-adds over row slices (the featurizer's 3 taps); `weight` (C, K), summed against
+    each position's unfolded window (a few taps: 2 ops whatever K); or `toeplitz` (G, k, K-1+k),
+    a grouped filter's matrices, for one batched product (long filters). The widened buffer
     [window ; x] is built as (B, K-1+k, C) and handed to the pending as its (B, C, K-1+k) view,
     so commit(j) is the same slice as after `fir_extend`."""
     B, k, C = x.shape
     width = window.buf.shape[-1]
     widened = torch.cat([window.buf.transpose(1, 2), x.to(window.buf.dtype)], dim=1)
     pending = FIRPending(widened.transpose(1, 2), width)
-    if toeplitz is None:  # (B, k, C, K) windows of the buffer, a view
+    if rows is not None:
+        out = widened[:, :k] * rows[0]
+        for j in range(1, width + 1):
+            out.addcmul_(widened[:, j: j + k], rows[j])
+        return out, pending
+    if weight is not None:  # (B, k, C, K) windows of the buffer, a view
         return (widened.unfold(1, width + 1, 1) * weight).sum(-1), pending
+    assert toeplitz is not None
     G = toeplitz.shape[0]
     groups = widened.view(B, width + k, G, C // G).permute(0, 2, 1, 3)  # (B, G, K-1+k, C/G)
     out = torch.matmul(toeplitz, groups)  # (B, G, k, C/G)
@@ -158,6 +164,11 @@ class HyenaFilter(nn.Module):
             return (h if self.kind == "hcs" else h.flip(-1)).contiguous()
 
         return self._memo("fir", (self.h,), build)
+
+    def feat_rows(self) -> Tensor:
+        """The featurizer taps as (K, 3D), one contiguous row per tap (for `fir_block`)."""
+        return self._memo("feat_rows", (self.short_filter_weight,),
+                          lambda: self.feat_taps().t().contiguous())
 
     def fir_toeplitz(self, k: int) -> Tensor:
         """(G, k, K-1+k): row i of group g holds its taps at columns i..i+K-1 (cached per k)."""
@@ -230,9 +241,9 @@ class HyenaFilter(nn.Module):
             return self._li_scan(w, st.sigma)  # type: ignore[union-attr]
         k, K = w.shape[1], self.h.shape[-1]
         if K <= FEW_TAPS:
-            c, pending = fir_block(w, st, self.fir_taps())  # type: ignore[arg-type]
+            c, pending = fir_block(w, st, weight=self.fir_taps())  # type: ignore[arg-type]
         elif self.hidden // self.groups > 1:
-            c, pending = fir_block(w, st, self.fir_taps(), self.fir_toeplitz(k))  # type: ignore[arg-type]
+            c, pending = fir_block(w, st, toeplitz=self.fir_toeplitz(k))  # type: ignore[arg-type]
         else:  # many taps, no groups to share them: the channel-major convolution
             cm, pending = fir_extend(w.transpose(1, 2), st, self.fir_taps())  # type: ignore[arg-type]
             c = cm.transpose(1, 2)
@@ -320,7 +331,7 @@ class HyenaBlock(ResidualBlock):
         with fp32_filters(p):  # autocast (bf16 training) must not round the filters or their FFTs
             if block:
                 assert st is not None
-                z, feat_pending = fir_block(p, st.feat, self.filter.feat_taps())
+                z, feat_pending = fir_block(p, st.feat, rows=self.filter.feat_rows())
             else:
                 zc, feat_pending = fir_extend(p.transpose(1, 2), st.feat if st is not None else None,
                                               self.filter.feat_taps())
