@@ -6,12 +6,13 @@ inputs is convolved over ``[state ; inputs]``; without a state the history is ze
 Filters run in fp32 whatever the weight dtype (Evo 2's precision policy).
 
 The filters see one of two layouts of the same values. Verification blocks (2 <= k <= 64, with
-a state, in inference) stay position-major, (B, k, C), as the projections produce them: a few
-FIRs of a few taps are a few multiply-adds over row slices, the block needs no transposes or
-copies (1-4 % cheaper on CPU, `benchmarks/verify_cost.py`), and with bf16 activations its
-products round as the decode steps' do, so a block matches the steps it stands for. Decode steps (where both
-layouts are the same memory) and long blocks (FFTs along positions) run channel-major, (B, C, k).
-States are channel-major either way; a block's committed window is a view of its buffer.
+a state, in inference) stay position-major, (B, k, C), as the projections produce them: FIRs of
+a few taps are a few multiply-adds over row slices or sums over unfolded windows, the block needs
+no transposes or copies (1-4 % cheaper on CPU, `benchmarks/verify_cost.py`), and with bf16
+activations its products round as the decode steps' do, so a block matches the steps it stands
+for. Decode steps (where both layouts are the same memory) and long blocks (FFTs along positions)
+run channel-major, (B, C, k). States are channel-major either way; a block's committed window is
+a view of its buffer.
 """
 from __future__ import annotations
 
@@ -237,15 +238,15 @@ class HyenaFilter(nn.Module):
 
     def inner_block(self, w: Tensor, st: FIRWindow | ModalState):
         """`inner` for a verification block in position-major layout: w (B, k, D) fp32 -> c."""
-        if self.kind == "hcl":
-            return self._li_scan(w, st.sigma)  # type: ignore[union-attr]
+        if isinstance(st, ModalState):  # Hyena-LI
+            return self._li_scan(w, st.sigma)
         k, K = w.shape[1], self.h.shape[-1]
         if K <= FEW_TAPS:
-            c, pending = fir_block(w, st, weight=self.fir_taps())  # type: ignore[arg-type]
+            c, pending = fir_block(w, st, weight=self.fir_taps())
         elif self.hidden // self.groups > 1:
-            c, pending = fir_block(w, st, toeplitz=self.fir_toeplitz(k))  # type: ignore[arg-type]
+            c, pending = fir_block(w, st, toeplitz=self.fir_toeplitz(k))
         else:  # many taps, no groups to share them: the channel-major convolution
-            cm, pending = fir_extend(w.transpose(1, 2), st, self.fir_taps())  # type: ignore[arg-type]
+            cm, pending = fir_extend(w.transpose(1, 2), st, self.fir_taps())
             c = cm.transpose(1, 2)
         if self.kind == "hcm":
             c = c + self.D.float() * w
@@ -333,11 +334,13 @@ class HyenaBlock(ResidualBlock):
                 assert st is not None
                 z, feat_pending = fir_block(p, st.feat, rows=self.filter.feat_rows())
             else:
-                zc, feat_pending = fir_extend(p.transpose(1, 2), st.feat if st is not None else None,
+                zc, feat_pending = fir_extend(p.transpose(1, 2),
+                                              st.feat if st is not None else None,
                                               self.filter.feat_taps())
                 z = zc.transpose(1, 2)
             z = z.to(act)
-            q, k, v = z[..., 0::3], z[..., 1::3], z[..., 2::3]  # de-interleave: post-gate, pre-gate, value
+            # de-interleave: post-gate, pre-gate, value
+            q, k, v = z[..., 0::3], z[..., 1::3], z[..., 2::3]
             w = (k * v).float()  # (B, k, D), either layout's strides
             if block:
                 assert st is not None
