@@ -81,7 +81,7 @@ DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
 DtypeOpt = typer.Option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16.")
 CompileOpt = typer.Option(False, "--compile", help="On a CPU, run decode steps and verification "
                           "blocks through torch.compile (needs a C++ compiler; a block length "
-                          "compiles at its 32nd use: ~20 s the first time on a machine, ~2-4 s once "
+                          "compiles at its 32nd use: ~20 s the first time on a machine, ~1.5-4 s once "
                           "torch's on-disk cache holds it; then ~1.2x faster native decoding; "
                           "same tokens).")
 GraphsOpt = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On a GPU, replay decode "
