@@ -19,6 +19,12 @@ then profiles the same rounds to split extend(gamma + 1) - step by operator clas
 
 The profiler slows everything a little; its split is reported as fractions of the profiled
 difference and applied to the unprofiled one.
+
+Two more figures say what part of the floor no engine bookkeeping can remove: the draft step
+right after a block against the later ones (the block leaves the caches colder), and the same
+rounds on a *dispatch-only* copy of the model (same layer pattern and filter paths, every width
+cut to a few channels, so its operators do almost no arithmetic): what a step and a block cost
+in Python and operator dispatch alone.
 """
 from __future__ import annotations
 
@@ -28,12 +34,15 @@ import json
 import platform
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from evspark_cli.model.checkpoint import load_model
+from evspark_cli.model.layers import input_major
+from evspark_cli.model.model import StripedHyena
 
 GEMM_OPS = {"aten::bmm", "aten::baddbmm", "aten::mm", "aten::addmm", "aten::matmul"}
 
@@ -52,6 +61,49 @@ def linear_flops_per_token(model) -> int:
     return 2 * (n + model.embedding_layer.weight.numel())
 
 
+def dispatch_only(model: StripedHyena) -> StripedHyena:
+    """The model's layer pattern with 8-channel heads, 8 channels per filter group and a 64-wide
+    MLP: the same operators on the same code paths, with next to no arithmetic in them."""
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    hidden = 8 * heads
+
+    def groups(g: int) -> int:  # keep grouped filters grouped (their Toeplitz path)
+        return hidden // 8 if cfg.hidden_size // g > 1 else hidden
+
+    small = replace(cfg, hidden_size=hidden, inner_mlp_size=64,
+                    hcs_filter_groups=groups(cfg.hcs_filter_groups),
+                    hcm_filter_groups=groups(cfg.hcm_filter_groups))
+    tiny = StripedHyena(small).eval()
+    with torch.no_grad():
+        for p in tiny.parameters():
+            p.normal_(0.0, 0.02)
+    input_major(tiny)
+    return tiny
+
+
+def identity_rounds(model, st0, toks: list[int], g: int, n: int, label: bool = False
+                    ) -> tuple[list[float], float]:
+    """n rounds of g steps then one extend(g + 1), committed: (mean seconds of the step in each
+    slot of the round, mean seconds of a block)."""
+    k = g + 1
+    s, slots, tk, i = st0, [0.0] * g, 0.0, 0
+    for _ in range(n):
+        for j in range(g):
+            t = time.perf_counter()
+            with record_function("step") if label else _null():
+                _, _, b = model.extend(s, torch.tensor([[toks[i]]]))
+                s = b.commit(1)
+            slots[j] += time.perf_counter() - t
+            i += 1
+        t = time.perf_counter()
+        with record_function("block") if label else _null():
+            _, _, b = model.extend(s, torch.tensor([toks[i - g: i + 1]]))
+            s = b.commit(k)
+        tk += time.perf_counter() - t
+    return [x / n for x in slots], tk / n
+
+
 @torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -65,42 +117,42 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model = load_model(a.model)
+    tiny = dispatch_only(model)
     g, k = a.gamma, a.gamma + 1
     gen = torch.Generator().manual_seed(0)
     result: dict = {"model": a.model, "gamma": g, "threads": a.threads, "torch": torch.__version__,
                     "machine": platform.processor() or platform.machine(), "contexts": {}}
     print("| context | step ms | extend(%d) ms | extend / step | model-only overhead floor |"
-          " gemm | attention | other ops | python | extra-row GEMM GFLOP/s |" % k)
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          " gemm | attention | other ops | python | extra-row GEMM GFLOP/s |"
+          " first step after a block / later steps | dispatch-only step / block ms |" % k)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for ctx in a.contexts:
         ids = torch.randint(0, 4, (1, ctx), generator=gen) + 65
         _, _, st0 = model.prefill(ids, reserve=(a.rounds + 3) * (g + k) + 64)
         toks = (torch.randint(0, 4, (a.rounds * k,), generator=gen) + 65).tolist()
 
-        def rounds(n: int, label: bool = False) -> tuple[float, float]:
-            s, t1, tk, i = st0, 0.0, 0.0, 0
-            for _ in range(n):
-                for _ in range(g):
-                    t = time.perf_counter()
-                    with record_function("step") if label else _null():
-                        _, _, b = model.extend(s, torch.tensor([[toks[i]]]))
-                        s = b.commit(1)
-                    t1 += time.perf_counter() - t
-                    i += 1
-                t = time.perf_counter()
-                with record_function("block") if label else _null():
-                    _, _, b = model.extend(s, torch.tensor([toks[i - g: i + 1]]))
-                    s = b.commit(k)
-                tk += time.perf_counter() - t
-            return t1 / (g * n), tk / n
+        def rounds(n: int, label: bool = False, net=model, start=st0
+                   ) -> tuple[list[float], float]:
+            return identity_rounds(net, start, toks, g, n, label)
 
         rounds(3)
-        steps, blocks = [], []
+        steps, blocks, firsts, laters = [], [], [], []
         for _ in range(a.batches):
-            s1, sk = rounds(a.rounds)
-            steps.append(s1)
+            slots, sk = rounds(a.rounds)
+            steps.append(sum(slots) / g)
             blocks.append(sk)
+            firsts.append(slots[0])
+            laters.append(statistics.median(slots[1:]))
         s1, sk = statistics.median(steps), statistics.median(blocks)
+        first_penalty = statistics.median(f / lt for f, lt in zip(firsts, laters))
+        _, _, tiny0 = tiny.prefill(ids, reserve=(a.rounds + 3) * (g + k) + 64)
+        rounds(3, net=tiny, start=tiny0)
+        d_steps, d_blocks = [], []
+        for _ in range(a.batches):
+            slots, sk_d = rounds(a.rounds, net=tiny, start=tiny0)
+            d_steps.append(sum(slots) / g)
+            d_blocks.append(sk_d)
+        d1, dk = statistics.median(d_steps), statistics.median(d_blocks)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             rounds(a.rounds, label=True)
         self_t = {"step": collections.Counter(), "block": collections.Counter()}
@@ -130,12 +182,16 @@ def main() -> None:
             "step_ms": s1 * 1e3, "extend_ms": sk * 1e3, "extend_over_step": sk / s1,
             "model_only_overhead_floor": floor, "extra_us": extra_us, "extra_share": share,
             "extra_per_verified_token_us": extra * 1e6 / (k - 1),
-            "extra_row_gemm_gflops": gflops, "steps_ms": [x * 1e3 for x in steps],
+            "extra_row_gemm_gflops": gflops,
+            "first_step_after_block_over_later": first_penalty,
+            "dispatch_only": {"step_ms": d1 * 1e3, "extend_ms": dk * 1e3,
+                              "share_of_step": d1 / s1, "share_of_block_extra": (dk - d1) / extra},
+            "steps_ms": [x * 1e3 for x in steps],
             "blocks_ms": [x * 1e3 for x in blocks]}
         print(f"| {ctx} | {s1 * 1e3:.3f} | {sk * 1e3:.3f} | {sk / s1:.3f} | {floor:.4f} | "
               + " | ".join(f"{extra_us[c]:.0f} us ({share[c]:.0%})"
                            for c in ("gemm", "attention", "other ops", "python"))
-              + f" | {gflops:.0f} |")
+              + f" | {gflops:.0f} | {first_penalty:.3f} | {d1 * 1e3:.2f} / {dk * 1e3:.2f} |")
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(result, indent=1))
