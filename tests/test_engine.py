@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from evspark_cli.model.checkpoint import convert_checkpoint, load_model
@@ -751,3 +752,29 @@ def test_rotary_table_grows_and_gives_the_directly_computed_angles():
             close(rot(x, t0), want, tol=1e-5, what=f"positions {t0}..{t0 + 2}")
         rows = rot.table(1)[0].shape[0]
     assert 70_003 <= rows <= 70_003 + (1 << 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_takes_one_kernel_whatever_the_layout(dtype):
+    """A decode step's GELU input is one contiguous row, a verification block's a strided chunk:
+    `layers.gelu` gives both the same values (F.gelu hands contiguous CPU tensors to oneDNN,
+    whose roundings differ), and stays exact GELU."""
+    from evspark_cli.model.layers import gelu
+
+    g = torch.Generator().manual_seed(3)
+    fused = (torch.randn(1, 13, 1024, generator=g) * 4).to(dtype)
+    rows = fused[..., :512]  # the block's chunk: strided
+    want = F.gelu(rows)
+    for j in range(13):
+        one = rows[:, j: j + 1].contiguous()  # a step's row
+        got = gelu(one)
+        assert got.shape == one.shape and got.dtype == dtype
+        assert torch.equal(got, want[:, j: j + 1])
+    assert torch.equal(gelu(rows), want)
+    one_row = fused[:, :1]  # a step's fused product: the second half is a view at an offset
+    assert torch.equal(gelu(one_row[..., 512:]), F.gelu(fused[..., 512:])[:, :1])
+    exact = 0.5 * fused.double() * (1 + torch.erf(fused.double() / 2 ** 0.5))
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert float((gelu(fused.contiguous()).double() - exact).abs().max()) < tol * 16
+    odd = torch.randn(3, 5, generator=g).to(dtype)  # odd sizes: F.gelu as it is
+    assert torch.equal(gelu(odd), F.gelu(odd))

@@ -158,6 +158,25 @@ def rms_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
     return scale * (x / (rms + eps))
 
 
+def gelu(x: Tensor) -> Tensor:
+    """Exact (erf) GELU, computed by ATen's own vectorised kernel whatever x's layout.
+
+    Why: on CPU `F.gelu` hands a contiguous fp32 or bf16 tensor to a oneDNN primitive, and a
+    strided one to ATen's kernel. A decode step's one-row activations are contiguous, a
+    verification block's (a chunk of the fused MLP product) are not, so the two took different
+    kernels and rounded differently; and the oneDNN call costs 20-75 us inside a decode step
+    (7 us in a hot loop) where this takes ~3 us (`benchmarks/gelu_kernel.py`). Seen as a
+    transposed (2, n/2) grid the same memory is strided, so every call takes ATen's kernel, whose
+    output keeps that memory order. Elsewhere (CUDA, odd sizes) this is `F.gelu` itself."""
+    n = x.numel()
+    if x.device.type != "cpu" or not x.is_contiguous() or n % 2 or n == 0:
+        return F.gelu(x)
+    y = F.gelu(x.as_strided((2, n // 2), (1, 2)))
+    if y.stride() != (1, 2):  # an output not in the input's memory order: read it back in order
+        return y.t().reshape(x.shape)
+    return y.as_strided(x.shape, x.stride(), 0)
+
+
 class GatedMLP(nn.Module):
     """l3(act(l1 x) * l2 x); act is GELU, or identity past layer 0 with Evo 2's activation quirk."""
 
@@ -178,7 +197,7 @@ class GatedMLP(nn.Module):
             a, b = linear(x, w).chunk(2, dim=-1)
         else:
             a, b = F.linear(x, self.l1.weight), F.linear(x, self.l2.weight)
-        return linear((F.gelu(a) if self.gelu else a) * b, self.l3.weight)
+        return linear((gelu(a) if self.gelu else a) * b, self.l3.weight)
 
 
 class ResidualBlock(nn.Module):
