@@ -16,7 +16,6 @@ kernel. This script measures, on a model folder:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -31,7 +30,7 @@ import evspark_cli.model.layers as layers
 from evspark_cli.model.checkpoint import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from verify_cost import identity_rounds  # noqa: E402
+from verify_cost import identity_rounds, round_options  # noqa: E402
 
 
 def hot_loop_us(fn, x: torch.Tensor, n: int = 5000) -> float:
@@ -45,16 +44,8 @@ def hot_loop_us(fn, x: torch.Tensor, n: int = 5000) -> float:
 
 @torch.inference_mode()
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="models/evspark-sh2-192")
-    ap.add_argument("--contexts", type=int, nargs="+", default=[1000, 2000])
-    ap.add_argument("--gamma", type=int, default=12)
-    ap.add_argument("--rounds", type=int, default=20, help="rounds per timed batch")
-    ap.add_argument("--batches", type=int, default=16,
-                    help="batches per context, the kernels alternating")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=None)
-    a = ap.parse_args()
+    # batches alternate the two kernels
+    a = round_options(__doc__.split("\n")[0], batches=16).parse_args()
     torch.set_num_threads(a.threads)
     model = load_model(a.model)
     g, k = a.gamma, a.gamma + 1
@@ -90,7 +81,7 @@ def main() -> None:
     for ctx in a.contexts:
         ids = torch.randint(0, 4, (1, ctx), generator=gen) + 65
         _, _, st0 = model.prefill(ids, reserve=(a.rounds + 3) * (g + k) + 64)
-        toks = (torch.randint(0, 4, (a.rounds * k,), generator=gen) + 65).tolist()
+        toks = (torch.randint(0, 4, (max(a.rounds, 3) * k,), generator=gen) + 65).tolist()
         times: dict[str, tuple[list[float], list[float]]] = {c: ([], []) for c in choices}
         for b in range(a.batches):
             order = list(choices) if b % 2 == 0 else list(reversed(choices))

@@ -104,17 +104,22 @@ def identity_rounds(model, st0, toks: list[int], g: int, n: int, label: bool = F
     return [x / n for x in slots], tk / n
 
 
-@torch.inference_mode()
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def round_options(description: str, batches: int) -> argparse.ArgumentParser:
+    """The options of a benchmark built on `identity_rounds` (this one, `gelu_kernel.py`)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="models/evspark-sh2-192")
     ap.add_argument("--contexts", type=int, nargs="+", default=[1000, 2000])
     ap.add_argument("--gamma", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=20, help="rounds per timed batch")
-    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--batches", type=int, default=batches, help="timed batches per context")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
-    a = ap.parse_args()
+    return ap
+
+
+@torch.inference_mode()
+def main() -> None:
+    a = round_options(__doc__.split("\n")[0], batches=8).parse_args()
     torch.set_num_threads(a.threads)
     model = load_model(a.model)
     tiny = dispatch_only(model)
@@ -129,7 +134,7 @@ def main() -> None:
     for ctx in a.contexts:
         ids = torch.randint(0, 4, (1, ctx), generator=gen) + 65
         _, _, st0 = model.prefill(ids, reserve=(a.rounds + 3) * (g + k) + 64)
-        toks = (torch.randint(0, 4, (a.rounds * k,), generator=gen) + 65).tolist()
+        toks = (torch.randint(0, 4, (max(a.rounds, 3) * k,), generator=gen) + 65).tolist()
 
         def rounds(n: int, label: bool = False, net=model, start=st0
                    ) -> tuple[list[float], float]:
