@@ -167,9 +167,10 @@ def gelu(x: Tensor) -> Tensor:
     kernels and rounded differently; and the oneDNN call costs 20-75 us inside a decode step
     (7 us in a hot loop) where this takes ~3 us (`benchmarks/gelu_kernel.py`). Seen as a
     transposed (2, n/2) grid the same memory is strided, so every call takes ATen's kernel, whose
-    output keeps that memory order. Elsewhere (CUDA, odd sizes) this is `F.gelu` itself."""
+    output keeps that memory order. Elsewhere (CUDA, odd sizes, training under autograd) this is
+    `F.gelu` itself."""
     n = x.numel()
-    if x.device.type != "cpu" or not x.is_contiguous() or n % 2 or n == 0:
+    if x.device.type != "cpu" or x.requires_grad or not x.is_contiguous() or n % 2 or n == 0:
         return F.gelu(x)
     y = F.gelu(x.as_strided((2, n // 2), (1, 2)))
     if y.stride() != (1, 2):  # an output not in the input's memory order: read it back in order
