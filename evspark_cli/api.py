@@ -38,12 +38,12 @@ def resolve_drafter(model: StripedHyena, spec: Any, force: bool = False) -> Draf
     if s == "identity":
         return IdentityDrafter()
     if s == "kmer":
-        return KmerDrafter()
+        return KmerDrafter(vocab=model.config.vocab_size)
     if s in ("auto", "dspark"):
         folder = bundled_drafter_dir(model)
         if folder is None:
             if s == "auto":
-                return KmerDrafter()
+                return KmerDrafter(vocab=model.config.vocab_size)
             raise ModelError("this model has no bundled dspark drafter; pass a drafter folder")
         spec = folder
     path = Path(spec)
@@ -99,6 +99,15 @@ def generate(model: StripedHyena, prompt: str | list[int], max_new_tokens: int =
     ids = tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not ids:
         raise InputError("empty prompt")
+    vocab = model.config.vocab_size
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InputError(f"prompt token {bad} is outside the model's vocabulary 0..{vocab - 1}")
+    for name, v in (("max_new_tokens", max_new_tokens), ("gamma", gamma), ("seed", seed)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InputError(f"{name} must be an integer, got {v!r}")
+    if not 0 <= seed < 2 ** 63:
+        raise InputError(f"seed must be an integer in [0, 2**63), got {seed}")
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if gamma < 1:

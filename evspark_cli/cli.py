@@ -53,6 +53,12 @@ def handle_errors(fn: Callable) -> Callable:
             if os.environ.get("EVSPARK_DEBUG"):
                 traceback.print_exc()
             fail(str(e).splitlines()[0] if str(e) else type(e).__name__, e.exit_code)
+        except BrokenPipeError:
+            # `evspark generate ... | head`: the reader went away; stop quietly like other tools
+            with contextlib.suppress(OSError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+            raise typer.Exit(141)
         except KeyboardInterrupt:
             _say("evspark: interrupted; finished records are kept in the .partial files "
                  "(rerun with --resume)")
@@ -115,6 +121,26 @@ def _load_prompts(inputs: list[str], region: list[str] | None, prompt_tail: int 
     return select_shard(prompts, shard_t)
 
 
+def _check_distinct_outputs(inputs: list[str] | None, outputs: list[tuple[str, str | None]]) -> None:
+    """Outputs must not be an input (it would be overwritten) nor each other."""
+    from .errors import InputError
+
+    def key(path: str) -> str:
+        return os.path.realpath(path)
+
+    seen: dict[str, str] = {}
+    ins = {key(p): p for p in (inputs or []) if p != "-" and os.path.exists(p)}
+    for opt, path in outputs:
+        if not path or path == "-":
+            continue
+        k = key(path)
+        if k in ins:
+            raise InputError(f"{opt} {path} is also an input; it would be overwritten")
+        if k in seen:
+            raise InputError(f"{opt} and {seen[k]} name the same file {path}")
+        seen[k] = opt
+
+
 def _record_key(record_id: str) -> int:
     """A stable RNG key per record id: output does not depend on record order or sharding."""
     return int.from_bytes(hashlib.sha256(record_id.encode()).digest()[:7], "big")
@@ -150,10 +176,12 @@ def fasta_letters(text: str) -> str:
 
 
 def _validate_decode_options(n: int, gamma: int, temperature: float, top_k: int, top_p: float,
-                             samples: int, rollback: str, line_width: int):
+                             samples: int, rollback: str, line_width: int, seed: int = 0):
     from .decode.sampling import SamplerConfig
     from .errors import InputError
 
+    if not 0 <= seed < 2 ** 63:
+        raise InputError(f"--seed must be in [0, 2**63), got {seed}")
     if n < 1:
         raise InputError(f"--max-new-tokens must be >= 1, got {n}")
     if gamma < 1:
@@ -216,10 +244,11 @@ def generate(
     if greedy:
         top_k = 1
     sampler = _validate_decode_options(max_new_tokens, gamma, temperature, top_k, top_p, samples,
-                                       rollback, line_width)
+                                       rollback, line_width, seed)
     check_output_path(output)
     if stats:
         check_output_path(stats)
+    _check_distinct_outputs(inputs, [("--output", output), ("--stats", stats)])
     prompts = _load_prompts(inputs, region, prompt_tail, shard)
     _setup_torch(threads)
     from .api import STATS_COLUMNS, drafter_name, generate as gen, resolve_drafter
@@ -343,6 +372,7 @@ def verify(
         raise InputError(f"--tie-tolerance must be >= 0, got {tie_tolerance}")
     if report:
         check_output_path(report)
+        _check_distinct_outputs(inputs, [("--report", report)])
     prompts = _load_prompts(inputs or _default_verify_inputs(), region, prompt_tail, shard)
     _setup_torch(threads)
     from .api import drafter_name, resolve_drafter
@@ -385,8 +415,8 @@ def verify(
     print(f"drafter={drafter_name(d)} gamma={gamma} prompts={len(rows)} identical="
           f"{sum(1 for r in rows if r['divergence'] is None)} ties={ties} non_tie_divergences={len(bad)}")
     if report:
-        Path(report).write_text(json.dumps({"drafter": drafter_name(d), "gamma": gamma,
-                                            "tie_tolerance": tie_tolerance, "rows": rows}, indent=1))
+        _atomic_write(report, json.dumps({"drafter": drafter_name(d), "gamma": gamma,
+                                          "tie_tolerance": tie_tolerance, "rows": rows}, indent=1))
     if bad:
         raise typer.Exit(1)
 
@@ -421,6 +451,7 @@ def score(
         raise InputError("--context and --window must be >= 1")
     for path in (output, logits):
         check_output_path(path)
+    _check_distinct_outputs(inputs, [("--output", output), ("--logits", logits)])
     prompts = _load_prompts(inputs, region, prompt_tail, shard)
     _setup_torch(threads)
     import torch

@@ -32,5 +32,8 @@ def score_sequence(model: StripedHyena, ids: Tensor, context: int, window: int,
             parts.append(pred.cpu())
         if max_tokens is not None and count >= max_tokens:
             break
-    bits = total / max(count, 1) / math.log(2)
-    return bits, (torch.cat(parts) if keep_logits and parts else None)
+    # a 1-base record has no scored position: nan, not a perfect 0.0 bits/nt
+    bits = total / count / math.log(2) if count else float("nan")
+    if keep_logits and not parts:
+        parts.append(torch.empty(0, model.config.vocab_size))
+    return bits, (torch.cat(parts) if keep_logits else None)

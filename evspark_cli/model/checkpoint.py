@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from ..errors import ModelError
+from ..errors import InputError, ModelError
 from .config import ModelConfig
 from .layers import input_major
 from .model import StripedHyena
@@ -48,6 +49,10 @@ def default_model_dir() -> Path:
 def resolve_device(device: str | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
+        raise InputError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelError("--device cuda requested but no CUDA device is available")
     return torch.device(device)
@@ -61,7 +66,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
              "bf16": torch.bfloat16}
     if dtype not in table:
-        raise ModelError(f"unknown dtype {dtype!r} (use auto, float32 or bfloat16)")
+        raise InputError(f"unknown dtype {dtype!r} (use auto, float32 or bfloat16)")
     return table[dtype]
 
 
@@ -103,6 +108,9 @@ def check_tensors_against(model: torch.nn.Module, tensors: dict[str, Tensor], so
         if tuple(t.shape) != tuple(own[name].shape):
             raise ModelError(f"{source}: tensor '{name}' has shape {tuple(t.shape)}, "
                              f"the config implies {tuple(own[name].shape)}")
+        if own[name].is_floating_point() and not t.is_floating_point():
+            raise ModelError(f"{source}: tensor '{name}' is stored as {t.dtype}, "
+                             "expected floating point")
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise ModelError(f"{source}: tensor '{name}' contains NaN or inf")
     with torch.no_grad():
@@ -210,11 +218,23 @@ def evo2_to_evspark(raw: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tenso
     return out
 
 
+def _check_output_dir(out: Path) -> None:
+    """Refuse an output folder that cannot be one, before any work (exit 2, one line)."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: exists and is not a folder; give a new or existing folder")
+    parent = out.parent if not out.exists() else out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{out}: cannot create a model folder there ({parent} is not writable)")
+
+
 def convert_checkpoint(checkpoint: str | Path, config: str | Path, out_dir: str | Path) -> Path:
     """An Evo 2 / vortex checkpoint (.pt or .safetensors) + config (.yml/.json) -> model folder."""
     ckpt = Path(checkpoint)
     if not ckpt.is_file():
         raise ModelError(f"checkpoint {ckpt} does not exist")
+    _check_output_dir(Path(out_dir))
     cfg = ModelConfig.load(config)
     raw = read_safetensors(ckpt) if ckpt.suffix == ".safetensors" else _read_pt(ckpt)
     tensors = evo2_to_evspark(raw, cfg)
@@ -222,7 +242,10 @@ def convert_checkpoint(checkpoint: str | Path, config: str | Path, out_dir: str 
     for name, buf in model.named_buffers():  # inv_freq absent from some files: the config's base
         tensors.setdefault(name, buf.detach().clone())
     check_tensors_against(model, tensors, ckpt)
-    return save_model(model, out_dir)
+    try:
+        return save_model(model, out_dir)
+    except OSError as e:
+        raise InputError(f"{out_dir}: cannot write the model folder ({e.strerror or e})") from None
 
 
 def model_card_summary(folder: str | Path) -> str | None:

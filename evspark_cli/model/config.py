@@ -91,6 +91,24 @@ class ModelConfig:
         return picks
 
     def validate(self) -> None:
+        for name in ("hcs_layer_idxs", "hcm_layer_idxs", "hcl_layer_idxs", "attn_layer_idxs"):
+            v = getattr(self, name)
+            if not isinstance(v, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                  for i in v):
+                raise ModelError(f"config: {name} must be a list of layer indices, got {v!r}")
+        if self.hidden_layers is not None and (
+                not isinstance(self.hidden_layers, list) or not self.hidden_layers
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in self.hidden_layers)):
+            raise ModelError("config: hidden_layers must be null or a non-empty list of layer "
+                             f"indices, got {self.hidden_layers!r}")
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "hcs_filter_length",
+                     "hcm_filter_length", "state_size", "short_filter_length", "max_seqlen",
+                     "prefill_chunk", "inner_size_multiple_of"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ModelError(f"config: {name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.vocab_size, int) or self.vocab_size < 256:
+            raise ModelError(f"config: vocab_size must be >= 256 (byte tokenizer), got {self.vocab_size!r}")
         d = self.hidden_size
         if d % self.num_attention_heads or self.head_dim % 2:
             raise ModelError("config: hidden_size must split into attention heads of even size")
