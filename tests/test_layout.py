@@ -55,6 +55,46 @@ def test_split_product_equals_f_linear(d_in, d_out, shape, bias):
     assert torch.allclose(got, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (1, 13), (2, 3), (1, 16)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_residual_form_equals_residual_plus_product(shape, bias, threads):
+    """linear(..., residual=r) is r + linear(...) exactly, whether the add also reorders the
+    slices (contiguous r) or not (a strided r), and on any number of slices."""
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(7)
+    w = input_major_copy(torch.randn(96, 64, generator=g))
+    b = torch.randn(96, generator=g) if bias else None
+    x = torch.randn(*shape, 64, generator=g)
+    r = torch.randn(*shape, 96, generator=g)
+    assert layers._column_slices(w, x.numel() // 64, x.device) == threads
+    want = r + linear(x, w, b)
+    got = linear(x, w, b, residual=r)
+    assert got.shape == want.shape and got.is_contiguous()
+    assert torch.equal(got, want)
+    strided = torch.randn(*shape, 192, generator=g)[..., ::2]
+    assert torch.equal(linear(x, w, b, residual=strided), strided + linear(x, w, b))
+    wc = w.contiguous()  # output-major: not split
+    assert torch.equal(linear(x, wc, b, residual=r), r + F.linear(x, wc, b))
+
+
+@pytest.mark.parametrize("rows", [1, 13, 16])
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_halves_equal_the_chunked_product(rows, threads):
+    """linear_halves gives linear(...).chunk(2) exactly: the two slices of a two-way split as
+    they come out, any other split or an unsplit product chunked."""
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(rows)
+    w = input_major_copy(torch.randn(256, 64, generator=g))
+    x = torch.randn(1, rows, 64, generator=g)
+    a, b = layers.linear_halves(x, w)
+    want_a, want_b = linear(x, w).chunk(2, dim=-1)
+    assert a.shape == b.shape == (1, rows, 128)
+    assert torch.equal(a, want_a) and torch.equal(b, want_b)
+    if threads == 2 and rows > 1:
+        assert a.is_contiguous() and b.is_contiguous()  # no reorder copy was needed
+
+
 def test_split_does_not_depend_on_the_thread_count():
     g = torch.Generator().manual_seed(2)
     w = input_major_copy(torch.randn(192, 96, generator=g))

@@ -69,8 +69,9 @@ class MHA(nn.Module):
         self.out_proj = nn.Linear(D, D, bias=cfg.mha_out_proj_bias)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rotary_emb_base, cfg.rope_scale)
 
-    def forward(self, u: Tensor, st: KVState | None, t0: int | Tensor
-                ) -> tuple[Tensor, KVPending | None]:
+    def forward(self, u: Tensor, st: KVState | None, t0: int | Tensor,
+                residual: Tensor | None = None) -> tuple[Tensor, KVPending | None]:
+        """Attention output projected (plus `residual`), and the pending KV rows."""
         B, k, _ = u.shape
         qkv = linear(u, self.Wqkv.weight, self.Wqkv.bias).view(B, k, 3, self.heads, self.head_dim)
         qk = self.rotary_emb.forward(qkv[:, :, :2], t0)  # queries and keys in one rotation
@@ -87,7 +88,7 @@ class MHA(nn.Module):
             pending = KVPending(st.cache, t0, version)
             o = attend_block(q, st.cache.k[:, :, : t0 + k], st.cache.v[:, :, : t0 + k], t0)
         o = o.transpose(1, 2).reshape(B, k, -1)
-        return linear(o, self.out_proj.weight, self.out_proj.bias), pending
+        return linear(o, self.out_proj.weight, self.out_proj.bias, residual), pending
 
     def empty_state(self, batch: int, capacity: int, dtype: torch.dtype, device) -> KVState:
         return KVState(KVCache(batch, capacity, self.heads, self.head_dim, dtype, device), 0)
@@ -100,8 +101,8 @@ class AttentionBlock(ResidualBlock):
         super().__init__(cfg, layer)
         self.inner_mha_cls = MHA(cfg)
 
-    def mix(self, h: Tensor, st: KVState | None, t0: int):
-        return self.inner_mha_cls.forward(h, st, t0)
+    def mix(self, h: Tensor, st: KVState | None, t0: int, residual: Tensor):
+        return self.inner_mha_cls.forward(h, st, t0, residual)
 
     def empty_state(self, batch: int, capacity: int, dtype, device) -> KVState:
         return self.inner_mha_cls.empty_state(batch, capacity, dtype, device)

@@ -324,7 +324,8 @@ class HyenaBlock(ResidualBlock):
         self.filter = HyenaFilter(cfg, kind)
         self.out_filter_dense = nn.Linear(D, D, bias=cfg.hyena_out_proj_bias)
 
-    def mix(self, u: Tensor, st: HyenaState | None, t0: int) -> tuple[Tensor, HyenaPending | None]:
+    def mix(self, u: Tensor, st: HyenaState | None, t0: int, residual: Tensor
+            ) -> tuple[Tensor, HyenaPending | None]:
         act = u.dtype
         p = linear(u, self.projections.weight).float()  # (B, k, 3D)
         block = (st is not None and 1 < u.shape[1] <= SHORT_BLOCK
@@ -353,7 +354,7 @@ class HyenaBlock(ResidualBlock):
             y = (q.float() * c).to(act)
         else:
             y = q * c.to(act)
-        out = linear(y, self.out_filter_dense.weight, self.out_filter_dense.bias)
+        out = linear(y, self.out_filter_dense.weight, self.out_filter_dense.bias, residual)
         pending = HyenaPending(feat_pending, inner_pending) if st is not None else None
         return out, pending
 

@@ -85,26 +85,55 @@ def input_major(module: nn.Module, extra: tuple[Tensor, ...] = ()) -> None:
 SPLIT_ROWS = 16  # products of at most this many rows are split over the cores
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """`F.linear`, except for a few rows (decode steps, verification blocks) against an
-    input-major CPU weight: those run as one `bmm` (`baddbmm` with a bias) over n column slices
-    of the (in, out) storage, which ATen spreads over n cores.
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
+           residual: Tensor | None = None) -> Tensor:
+    """`F.linear` (plus `residual`, when given), except for a few rows (decode steps,
+    verification blocks) against an input-major CPU weight: those run as one `bmm` (`baddbmm`
+    with a bias) over n column slices of the (in, out) storage, which ATen spreads over n cores.
 
     Why: MKL computes such skinny products on one core, at a third to a half of the memory
     bandwidth two cores reach (`benchmarks/cache_cliff.py`, `weight_layout.py`). Each output is
-    still one dot product over the whole input, so the result does not depend on n."""
+    still one dot product over the whole input, so the result does not depend on n. A product
+    of several rows comes out slice-major, (n, rows, d_out / n); with a `residual` the add
+    itself puts each row's slices side by side, so a residual branch needs no separate copy."""
+    parts = _split_product(x, weight, bias)
+    if parts is None:
+        y = F.linear(x, weight, bias)
+    elif parts.shape[1] == 1:
+        y = parts.view(*x.shape[:-1], weight.shape[0])
+    elif residual is not None and residual.is_contiguous():
+        n, rows, part = parts.shape
+        return torch.add(residual.view(rows, n, part), parts.transpose(0, 1)).view(residual.shape)
+    else:
+        y = parts.transpose(0, 1).reshape(*x.shape[:-1], weight.shape[0])
+    return y if residual is None else residual + y
+
+
+def linear_halves(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """`linear(x, weight).chunk(2, dim=-1)`. Split over two cores, the halves are the product's
+    two slices as they come out (views), where a block of rows would otherwise be copied into
+    row-major order first (the fused MLP input [l1; l2])."""
+    parts = _split_product(x, weight, None)
+    if parts is not None and parts.shape[0] == 2:
+        shape = (*x.shape[:-1], parts.shape[-1])
+        return parts[0].view(shape), parts[1].view(shape)
+    a, b = linear(x, weight).chunk(2, dim=-1)
+    return a, b
+
+
+def _split_product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    """x @ weight.T (+ bias) as (n, rows, d_out / n) column slices, or None when the product
+    is not split (`_column_slices` is 1)."""
     d_in = x.shape[-1]
     rows = x.numel() // d_in if d_in else 0
     n = _column_slices(weight, rows, x.device) if rows else 1
     if n == 1:
-        return F.linear(x, weight, bias)
+        return None
     d_out = weight.shape[0]
     part = d_out // n
     parts = weight.as_strided((n, d_in, part), (part, d_out, 1))  # column slices, no copy
     xs = x.reshape(1, rows, d_in).expand(n, rows, d_in)
-    y = torch.bmm(xs, parts) if bias is None else torch.baddbmm(bias.view(n, 1, part), xs, parts)
-    y = y.view(1, d_out) if rows == 1 else y.transpose(0, 1).reshape(rows, d_out)
-    return y.view(*x.shape[:-1], d_out)
+    return torch.bmm(xs, parts) if bias is None else torch.baddbmm(bias.view(n, 1, part), xs, parts)
 
 
 def _column_slices(weight: Tensor, rows: int, device: torch.device) -> int:
@@ -190,15 +219,16 @@ class GatedMLP(nn.Module):
         self.gelu = layer == 0 or not cfg.evo2_style_activations
         self._derived = Derived()
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """The MLP's output, added to `residual` when one is given."""
         if not torch.is_grad_enabled():
             # inference: one fused [l1; l2] product streams both weights in one pass
             w = self._derived.get("l12", (self.l1.weight, self.l2.weight),
                                   lambda: cat_rows([self.l1.weight, self.l2.weight]))
-            a, b = linear(x, w).chunk(2, dim=-1)
+            a, b = linear_halves(x, w)
         else:
             a, b = F.linear(x, self.l1.weight), F.linear(x, self.l2.weight)
-        return linear((gelu(a) if self.gelu else a) * b, self.l3.weight)
+        return linear((gelu(a) if self.gelu else a) * b, self.l3.weight, residual=residual)
 
 
 class ResidualBlock(nn.Module):
@@ -212,11 +242,12 @@ class ResidualBlock(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.eps)
         self.mlp = GatedMLP(cfg, layer)
 
-    def mix(self, h: Tensor, st, t0: int):  # pragma: no cover - abstract
+    def mix(self, h: Tensor, st, t0: int, residual: Tensor):  # pragma: no cover - abstract
+        """residual + the mixer's output for h, and the layer's pending state."""
         raise NotImplementedError
 
     def forward(self, x: Tensor, st, t0: int):
-        # norms and MLP called as functions: no module dispatch on the per-token path
-        y, pending = self.mix(rms_norm(x, self.pre_norm.scale, self.pre_norm.eps), st, t0)
-        x = x + y
-        return x + self.mlp.forward(rms_norm(x, self.post_norm.scale, self.post_norm.eps)), pending
+        # norms and MLP called as functions: no module dispatch on the per-token path; the
+        # residual adds happen inside the output projections (`linear(..., residual=x)`)
+        x, pending = self.mix(rms_norm(x, self.pre_norm.scale, self.pre_norm.eps), st, t0, x)
+        return self.mlp.forward(rms_norm(x, self.post_norm.scale, self.post_norm.eps), x), pending
