@@ -442,10 +442,15 @@ def score(
     dtype: str = DtypeOpt,
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from "
+                                "OUTPUT.partial (records already scored there are kept)."),
 ) -> None:
-    """Teacher-forced log-likelihood per record: record_id, length, bits_per_nt."""
+    """Teacher-forced log-likelihood per record: record_id, length, bits_per_nt.
+
+    Rows are written as records finish, to OUTPUT.partial (renamed when every record is done):
+    a record that fails is reported and skipped, and the others stay for `--resume`."""
     from .errors import InputError
-    from .io.writers import check_output_path
+    from .io.writers import StatsOutput, check_output_path
 
     if context < 1 or window < 1:
         raise InputError("--context and --window must be >= 1")
@@ -461,28 +466,50 @@ def score(
     from .model.tokenizer import tokenize_tensor
 
     model = load_model(model_dir, device=device, dtype=dtype)
-    lines = ["record_id\tlength\tbits_per_nt"]
+    fmt = "jsonl" if output and output.lower().endswith(".jsonl") else "tsv"
     saved: dict[str, torch.Tensor] = {}
-    prog = _progress(len(prompts), quiet, "score")
-    with prog:
-        task = prog.add_task("score", total=len(prompts), note="")
-        for p in prompts:
-            bpn, lg = score_sequence(model, tokenize_tensor(p.seq), context, window, keep_logits=bool(logits))
-            lines.append(f"{p.id}\t{len(p.seq)}\t{bpn:.4f}")
-            if logits and lg is not None:
-                saved[p.id] = lg
-            prog.advance(task)
-    text = "\n".join(lines) + "\n"
-    if output:
-        _atomic_write(output, text)
-    else:
-        sys.stdout.write(text)
-    if logits:
-        from safetensors.torch import save_file
+    failed: list[str] = []
+    with StatsOutput(output, SCORE_COLUMNS, resume=resume, fmt=fmt) as rows:
+        prog = _progress(len(prompts), quiet, "score")
+        with prog:
+            task = prog.add_task("score", total=len(prompts), note="")
+            for p in prompts:
+                done = p.id in rows.done_ids
+                if done and not logits:  # resumed: its row is in the partial already
+                    prog.advance(task)
+                    continue
+                try:  # a resumed record is scored again only for its logits
+                    bpn, lg = score_sequence(model, tokenize_tensor(p.seq), context, window,
+                                             keep_logits=bool(logits))
+                except Exception as e:  # noqa: BLE001 - one bad record must not sink the rest
+                    if os.environ.get("EVSPARK_DEBUG"):
+                        traceback.print_exc()
+                    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    _say(f"evspark: error: record '{p.id}' failed: {msg}")
+                    failed.append(p.id)
+                    prog.advance(task)
+                    continue
+                if not done:
+                    rows.write({"record_id": p.id, "length": len(p.seq),
+                                "bits_per_nt": round(bpn, 4)})
+                if logits and lg is not None:
+                    saved[p.id] = lg
+                prog.advance(task)
+        if failed:
+            rows.close()
+            kept = f"kept in {rows.partial}; rerun with --resume" if rows.partial else "printed"
+            fail(f"{len(failed)} of {len(prompts)} records failed ({', '.join(failed[:5])}); "
+                 f"the others are {kept}", 1)
+        if logits:
+            from safetensors.torch import save_file
 
-        tmp = logits + ".tmp"
-        save_file({k: v.contiguous() for k, v in saved.items()}, tmp)
-        os.replace(tmp, logits)
+            tmp = logits + ".tmp"
+            save_file({k: v.contiguous() for k, v in saved.items()}, tmp)
+            os.replace(tmp, logits)
+        rows.finish()
+
+
+SCORE_COLUMNS = ("record_id", "length", "bits_per_nt")
 
 
 def _atomic_write(path: str, text: str) -> None:

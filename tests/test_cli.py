@@ -561,6 +561,49 @@ def test_score_tsv_and_logits(tmp_path, model, recs):
     assert ok(["score", src, "--model", model, *FAST]).out == tsv.read_text()  # stdout default
 
 
+def test_score_keeps_finished_records_when_one_fails_and_resumes(tmp_path, model, recs,
+                                                                  monkeypatch):
+    """A record that fails is one error line; the rows scored before and after it stay in
+    OUTPUT.partial (no final file), and --resume scores only what is missing."""
+    from evspark_cli.eval import score as score_mod
+
+    src = tmp_path / "in.fa"
+    src.write_text(records_text({"a": recs["r1"], "bad": recs["r2"], "c": recs["r1"][:40]}))
+    tsv = tmp_path / "s.tsv"
+    real = score_mod.score_sequence
+    calls: list[int] = []
+
+    def flaky(model, ids, *a, **k):
+        calls.append(int(ids.numel()))
+        if int(ids.numel()) == len(recs["r2"]):
+            raise RuntimeError("simulated failure\nsecond line")
+        return real(model, ids, *a, **k)
+
+    monkeypatch.setattr(score_mod, "score_sequence", flaky)
+    r = run_cli(["score", src, "--model", model, *FAST, "-o", tsv])
+    assert r.code == 1 and not tsv.exists()
+    errs = r.err.strip().splitlines()
+    assert errs[0] == "evspark: error: record 'bad' failed: simulated failure"
+    assert errs[-1].startswith("evspark: error: 1 of 3 records failed (bad)") and "--resume" in errs[-1]
+    partial = (tmp_path / "s.tsv.partial").read_text().splitlines()
+    assert [ln.split("\t")[0] for ln in partial] == ["record_id", "a", "c"]
+
+    r = run_cli(["score", src, "--model", model, *FAST, "-o", tsv])  # no --resume: refused
+    assert r.code == 2 and "--resume" in r.err
+    monkeypatch.setattr(score_mod, "score_sequence", real)
+    calls.clear()
+    ok(["score", src, "--model", model, *FAST, "-o", tsv, "--resume"])
+    rows = {ln.split("\t")[0]: ln for ln in tsv.read_text().splitlines()[1:]}
+    assert sorted(rows) == ["a", "bad", "c"] and rows["a"] == dict(
+        (ln.split("\t")[0], ln) for ln in partial[1:])["a"]
+    assert not (tmp_path / "s.tsv.partial").exists()
+    fresh = ok(["score", src, "--model", model, *FAST]).out.splitlines()
+    assert sorted(fresh[1:]) == sorted(tsv.read_text().splitlines()[1:])  # same figures
+    jl = tmp_path / "s.jsonl"
+    ok(["score", src, "--model", model, *FAST, "-o", jl])
+    assert [json.loads(ln)["record_id"] for ln in jl.read_text().splitlines()] == ["a", "bad", "c"]
+
+
 def test_convert_the_oracle_checkpoint(tmp_path):
     ckpt, cfg = ORACLE / "tiny_vtx.safetensors", ORACLE / "tiny_vtx_config.json"
     if not ckpt.is_file():

@@ -348,7 +348,9 @@ class StatsOutput(_PartialOutput):
     column) of resumed rows; `done_rows` the rows themselves (TSV: strings; JSONL: JSON values).
     """
 
-    def __init__(self, path: str | None, columns: Sequence[str], resume: bool = False) -> None:
+    def __init__(self, path: str | None, columns: Sequence[str], resume: bool = False,
+                 fmt: str | None = None) -> None:
+        """`fmt` ("tsv" or "jsonl") overrides the format the file name's extension implies."""
         cols = list(columns)
         if not cols or len(set(cols)) != len(cols):
             raise ValueError("columns must be a non-empty list of distinct names")
@@ -357,7 +359,11 @@ class StatsOutput(_PartialOutput):
         self.columns = cols
         self.id_column = "record_id" if "record_id" in cols else cols[0]
         self.done_rows: list[dict[str, Any]] = []
-        if _is_stdout(path):
+        if fmt is not None:
+            if fmt not in ("tsv", "jsonl"):
+                raise ValueError(f"unknown stats format {fmt!r}")
+            self.format = fmt
+        elif _is_stdout(path):
             self.format = "tsv"
         else:
             assert path is not None
