@@ -263,12 +263,16 @@ def generate(
     model_name = model.config.model_name
     if stats and not stats.endswith((".tsv", ".jsonl")):
         raise InputError(f"--stats {stats}: use a .tsv or .jsonl file name")
+    settings = {"model": model_name, "drafter": drafter_name(d), "gamma": str(gamma),
+                "temperature": f"{sampler.temperature:g}", "top_k": str(sampler.top_k),
+                "top_p": f"{sampler.top_p:g}", "seed": str(seed)}
     fasta = FastaOutput(output, line_width=line_width, resume=resume)
     try:
+        _check_resumed_settings(fasta, dict(settings, new_tokens=str(max_new_tokens)))
         stat_out = StatsOutput(stats, STATS_COLUMNS, resume=resume) if stats else None
     except BaseException:
-        # the stats file cannot be opened (e.g. a stale .partial): do not leave a FASTA partial
-        # of a run that never started behind
+        # a resumed FASTA made with other settings, or a stats file that cannot be opened (e.g.
+        # a stale .partial): do not leave a FASTA partial of a run that never started behind
         fasta.close()
         if fasta.partial and not fasta.done_ids and not resume:
             with contextlib.suppress(OSError):
@@ -301,9 +305,8 @@ def generate(
                     failed.append(rid)
                     prog.advance(task)
                     continue
-                desc = (f"evspark model={model_name} drafter={drafter_name(d)} gamma={gamma} "
-                        f"temperature={sampler.temperature:g} top_k={sampler.top_k} "
-                        f"top_p={sampler.top_p:g} seed={seed} new_tokens={len(out.tokens)}")
+                desc = " ".join(["evspark", *(f"{k}={v}" for k, v in settings.items()),
+                                 f"new_tokens={len(out.tokens)}"])
                 text = fasta_letters(out.text)
                 seq = (p.seq + text) if include_prompt else text
                 # stats row first: a record counts as done once it is in the FASTA, so an
@@ -322,6 +325,23 @@ def generate(
         fasta.finish()
         if stat_out is not None:
             stat_out.finish()
+
+
+def _check_resumed_settings(fasta: Any, want: dict[str, str]) -> None:
+    """Refuse to --resume a FASTA whose finished records were made with other settings (their
+    headers record them): the final file would mix two runs."""
+    from .errors import InputError
+
+    for rid, desc in getattr(fasta, "done_descriptions", {}).items():
+        words = desc.split()
+        if not words or words[0] != "evspark":  # not a header this tool wrote: nothing to compare
+            continue
+        got = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+        for key, value in want.items():
+            if key in got and got[key] != value:
+                raise InputError(f"--resume: {fasta.partial} has record '{rid}' made with "
+                                 f"{key}={got[key]}, this run has {key}={value}; rerun with the "
+                                 "same options or delete the .partial")
 
 
 # -------------------------------------------------------------------------------------- verify

@@ -306,6 +306,12 @@ def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, re
     monkeypatch.setattr(api, "generate", real)
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 2 and "--resume" in r.err
+    # settings that differ from the finished records' headers would mix two runs in one file
+    for other in (["-n", 7, "--seed", 5], ["-n", 6, "--seed", 6], ["-n", 6, "--seed", 5, "--greedy"]):
+        r = run_cli(gen(model, src, "-o", out, "--stats", stats, "--resume", *other))
+        err = r.err.strip().splitlines()
+        assert r.code == 2 and len(err) == 1 and "made with" in err[0], r.err
+        assert list(split_fasta(Path(f"{out}.partial").read_text())) == ["r1", "r2"]
 
     seen = _generated_ids(monkeypatch)
     ok(gen(model, src, "-o", out, "--stats", stats, "--resume", *opts))

@@ -247,6 +247,7 @@ class FastaOutput(_PartialOutput):
         if isinstance(line_width, bool) or not isinstance(line_width, int) or line_width < 0:
             raise InputError(f"--line-width must be an integer >= 0 (0 = no wrapping), got {line_width!r}")
         self.line_width = line_width
+        self.done_descriptions: dict[str, str] = {}  # header text after the id, per resumed record
         super().__init__(path, resume)
 
     def write(self, record_id: str, description: str, seq: str) -> None:
@@ -280,6 +281,8 @@ class FastaOutput(_PartialOutput):
                     return lines[k0][0], ids
                 raise self._corrupt(problem)
             ids.append(rid)
+            header = data[lines[k0][0] + 1: lines[k0][1]].decode("utf-8").split(None, 1)
+            self.done_descriptions[rid] = header[1] if len(header) > 1 else ""
         return len(data), ids
 
     def _check_record(self, data: bytes, rec: list[tuple[int, int, bool]]) -> tuple[str | None, str]:
