@@ -112,6 +112,10 @@ def generate(model: StripedHyena, prompt: str | list[int], max_new_tokens: int =
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if gamma < 1:
         raise InputError(f"gamma must be >= 1, got {gamma}")
+    limit = model.config.max_seqlen
+    if len(ids) + max_new_tokens > limit:
+        raise InputError(f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the "
+                         f"model's context of {limit}")
     if rollback not in ROLLBACKS:
         raise InputError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
     sampler = SamplerConfig(temperature, top_k, top_p)

@@ -170,3 +170,6 @@ def test_api_generate_rejects_bad_token_ids_and_seeds(model_dir):
         evs.generate(m, "ACGT", max_new_tokens=2, seed=-1)
     with pytest.raises(InputError, match="max_new_tokens"):
         evs.generate(m, "ACGT", max_new_tokens=2.0)
+    limit = m.config.max_seqlen
+    with pytest.raises(InputError, match="context"):
+        evs.generate(m, "ACGT", max_new_tokens=limit - 3, drafter="kmer")
