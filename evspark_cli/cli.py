@@ -425,11 +425,12 @@ def verify(
             rows.append(row)
             prog.advance(task)
     bad = [r for r in rows if r["divergence"] is not None and not r["tie"]]
-    print(f"{'record':<24} {'compared':>8} {'first_divergence':>16} {'tie':>5} {'tau':>6} {'speedup':>7}")
+    w = max([24] + [len(r["record_id"]) for r in rows])  # whole ids: they name the records
+    print(f"{'record':<{w}} {'compared':>8} {'first_divergence':>16} {'tie':>5} {'tau':>6} {'speedup':>7}")
     for r in rows:
         div = "-" if r["divergence"] is None else str(r["divergence"])
         tie = "-" if r["divergence"] is None else ("yes" if r["tie"] else "NO")
-        print(f"{r['record_id'][:24]:<24} {r['compared']:>8} {div:>16} {tie:>5} "
+        print(f"{r['record_id']:<{w}} {r['compared']:>8} {div:>16} {tie:>5} "
               f"{r['tau']:>6.2f} {r['speedup']:>7.2f}")
     ties = sum(1 for r in rows if r["divergence"] is not None and r["tie"])
     print(f"drafter={drafter_name(d)} gamma={gamma} prompts={len(rows)} identical="

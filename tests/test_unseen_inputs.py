@@ -173,3 +173,12 @@ def test_api_generate_rejects_bad_token_ids_and_seeds(model_dir):
     limit = m.config.max_seqlen
     with pytest.raises(InputError, match="context"):
         evs.generate(m, "ACGT", max_new_tokens=limit - 3, drafter="kmer")
+
+
+def test_verify_table_shows_whole_record_ids(tmp_path, model_dir):
+    rid = "NZ_CP012345.1_region_1000000-1000200_sample"
+    fa = tmp_path / "long.fa"
+    fa.write_text(f">{rid}\nACGTACGTAAGGCCTA\n")
+    r = run_cli(["verify", fa, "--model", model_dir, "-n", 4, "--drafter", "kmer", *FAST])
+    assert r.code == 0, r.err
+    assert any(line.split()[0] == rid for line in r.out.splitlines()), r.out
