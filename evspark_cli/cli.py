@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
+import shutil
 import os
 import sys
 import traceback
@@ -613,11 +615,20 @@ def train(
         raise InputError(f"no such train config: {config}")
     cfg = load_train_config(config)
     if steps is not None:
+        if steps < 1:
+            raise InputError(f"--steps must be >= 1, got {steps}")
         cfg.steps = steps
+    if stop_at is not None and stop_at < 1:
+        raise InputError(f"--stop-at must be >= 1, got {stop_at}")
+    if export is not None and Path(export).exists() and not Path(export).is_dir():
+        raise InputError(f"--export {export} is a file, not a model folder")
     trainer = Trainer(cfg)
     resumed = trainer.resume() if resume else False
     if resumed:
         _say(f"evspark: resumed {cfg.out_dir} at step {trainer.step}")
+    elif export_only:
+        raise InputError(f"--export-only: no checkpoint {trainer.ckpt_path} to export"
+                         + (" (without --no-resume)" if not resume else ""))
     if not export_only:
         prog = _progress(cfg.steps, quiet, "train")
         with prog:
@@ -626,9 +637,24 @@ def train(
             def cb(step: int, total: int, loss: float) -> None:
                 prog.update(task, completed=step, note=f"loss={loss:.3f}")
 
-            trainer.run(cb, stop_at=stop_at)
+            try:
+                trainer.run(cb, stop_at=stop_at)
+            except KeyboardInterrupt:
+                _say(f"evspark: interrupted; rerun the same command to resume from "
+                     f"{trainer.ckpt_path} (step {_ckpt_step(trainer.ckpt_path)})")
+                raise typer.Exit(130) from None
     folder = trainer.export(export)
     _say(f"evspark: exported {folder} (step {trainer.step}, {trainer.tokens_seen:,} tokens)")
+
+
+def _ckpt_step(path: Path) -> int:
+    """The step a run checkpoint holds (0 when there is none or it cannot be read)."""
+    import torch
+
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True)["step"])
+    except Exception:  # noqa: BLE001 - only for a message
+        return 0
 
 
 @app.command()
@@ -668,16 +694,44 @@ def distill(
             raise InputError(f"{name} must be >= 1, got {v}")
     if gamma > 16:
         raise InputError("--gamma must be <= 16 (the drafter's largest block)")
+    for name, v in (("--layers", layers), ("--prefix", prefix)):
+        if v < 1:
+            raise InputError(f"{name} must be >= 1, got {v}")
+    if width < 4 or width % 4:
+        raise InputError(f"--width must be a positive multiple of 4 (the drafter's heads), got {width}")
+    for name, v in (("--natural-windows", natural_windows), ("--onpolicy-windows", onpolicy_windows)):
+        if v < 0:
+            raise InputError(f"{name} must be >= 0, got {v}")
+    if natural_windows + onpolicy_windows < 1:
+        raise InputError("--natural-windows plus --onpolicy-windows must be >= 1")
     _setup_torch(threads)
     target = Path(model_dir) if model_dir else default_model_dir()
     cache_dir = Path(cache) if cache else target / "teacher_cache"
     if not (cache_dir / "index.json").is_file():
         if not train_data:
             raise InputError(f"no teacher cache at {cache_dir}; pass --train FASTA... to build it")
-        build_cache(CacheConfig(target=str(target), out_dir=str(cache_dir), train=list(train_data),
-                                natural_windows=natural_windows, onpolicy_windows=onpolicy_windows,
-                                window=window, seed=0, device=device),
-                    log=lambda m: None if quiet else _say(m))
+        if cache_dir.exists() and not cache_dir.is_dir():
+            raise InputError(f"--cache {cache_dir} is a file, not a folder")
+        fresh = not cache_dir.exists()
+        try:
+            build_cache(CacheConfig(target=str(target), out_dir=str(cache_dir),
+                                    train=list(train_data), natural_windows=natural_windows,
+                                    onpolicy_windows=onpolicy_windows, window=window, seed=0,
+                                    device=device),
+                        log=lambda m: None if quiet else _say(m))
+        except BaseException as exc:
+            if fresh:  # no half-built cache left behind
+                shutil.rmtree(cache_dir, ignore_errors=True)
+            if isinstance(exc, ValueError) and "window + 1" in str(exc):
+                raise InputError(f"--train: {exc}; lower --window") from None
+            raise
+    else:
+        from .model.checkpoint import weights_hash
+
+        built_from = json.loads((cache_dir / "index.json").read_text()).get("metadata", {}).get("target_hash")
+        if (target / "model.safetensors").is_file() and built_from and built_from != weights_hash(target):
+            raise InputError(f"teacher cache {cache_dir} was built from another target than "
+                             f"{target}; pass another --cache (with --train) to build one for it")
     dest = Path(out) if out else target / "drafters" / f"seed{seed}"
     cfg = DistillConfig(cache=str(cache_dir), out_dir=run_dir or f"{dest}.run", seed=seed,
                         steps=steps, batch=batch, gamma=gamma, width=width, layers=layers,
@@ -767,6 +821,16 @@ def bench(
         raise InputError("--gammas and --contexts take comma-separated integers") from None
     if depth is not None:
         cfg.depth_tokens = depth
+    for name, v in (("--n-prompts", cfg.n_prompts), ("--max-new-tokens", cfg.new_tokens),
+                    ("--gamma", cfg.gamma)):
+        if v < 1:
+            raise InputError(f"{name} must be >= 1, got {v}")
+    if any(g < 1 for g in cfg.gamma_sweep) or any(c < 1 for c in cfg.contexts):
+        raise InputError("--gammas and --contexts take integers >= 1")
+    if any(x < 0 for x in cfg.seeds) or cfg.depth_tokens < 0:
+        raise InputError("--seeds and --depth must be >= 0")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise InputError(f"--output {out} is a file, not a folder")
     if skip:
         cfg.skip = [x for x in skip.split(",") if x]
         bad = set(cfg.skip) - {"tvd", "gamma", "context", "depth"}

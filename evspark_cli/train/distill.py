@@ -240,11 +240,21 @@ class DistillTrainer:
         p = self.out / "ckpt.pt"
         if not p.is_file():
             return False
-        ck = torch.load(p, map_location="cpu", weights_only=True)  # load_state_dict places it
-        self.net.load_state_dict(ck["net"])
-        self.opt.load_state_dict(ck["opt"])
-        self.gen.set_state(ck["gen"])
-        self.step, self.wall = ck["step"], ck["wall"]
+        from ..errors import ModelError
+
+        try:
+            ck = torch.load(p, map_location="cpu", weights_only=True)  # load_state_dict places it
+        except Exception as exc:  # truncated, not a torch file
+            raise ModelError(f"cannot read checkpoint {p} ({type(exc).__name__}); delete it to "
+                             "start over") from exc
+        try:
+            self.net.load_state_dict(ck["net"])
+            self.opt.load_state_dict(ck["opt"])
+            self.gen.set_state(ck["gen"])
+            self.step, self.wall = ck["step"], ck["wall"]
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise ModelError(f"checkpoint {p} was made with another drafter shape (--width, "
+                             "--layers, --prefix or target); use another --run-dir") from exc
         return True
 
     def train_step(self) -> dict[str, float]:

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputError
+from ..errors import InputError, ModelError
 from ..model.checkpoint import save_model
 from ..model.config import ModelConfig
 from ..model.model import StripedHyena
@@ -146,8 +146,17 @@ class Trainer:
         self.wall = 0.0
         if not cfg.train:
             raise InputError("training needs at least one --train FASTA file or folder")
+        if self.out.exists() and not self.out.is_dir():
+            raise InputError(f"out_dir {self.out} is a file, not a run folder")
         self.corpus = Corpus.from_paths(cfg.train)
+        longest = int(self.corpus.lengths.max()) if len(self.corpus) else 0
+        if longest < cfg.window + 1:
+            raise InputError(f"no training record is at least window + 1 = {cfg.window + 1} bases "
+                             f"long (longest: {longest}); lower window or add longer genomes")
         self.valid = {Path(str(p)).name: Corpus.from_paths([p]) for p in cfg.valid}
+        for name, corpus in self.valid.items():
+            if not len(corpus) or len(corpus.records[0]) < 2:
+                raise InputError(f"valid file {name}: its first record needs at least 2 bases")
         autocast = cfg.bf16_autocast == "on" or (cfg.bf16_autocast == "auto" and self.device.type == "cuda")
         self.autocast = autocast
 
@@ -170,12 +179,38 @@ class Trainer:
             return False
         # on the CPU: the generator's state must stay a CPU tensor, and load_state_dict copies
         # model and optimizer tensors to where the parameters live
-        ck = torch.load(self.ckpt_path, map_location="cpu", weights_only=True)
-        self.model.load_state_dict(ck["model"])
-        self.opt.load_state_dict(ck["opt"])
-        self.gen.set_state(ck["gen"])
-        self.step, self.tokens_seen, self.wall = ck["step"], ck["tokens_seen"], ck["wall"]
+        try:
+            ck = torch.load(self.ckpt_path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # truncated, not a torch file, foreign pickle
+            raise ModelError(f"cannot read checkpoint {self.ckpt_path} ({type(exc).__name__}); "
+                             "delete it or rerun with --no-resume to start over") from exc
+        try:
+            self.model.load_state_dict(ck["model"])
+            self.opt.load_state_dict(ck["opt"])
+            self.gen.set_state(ck["gen"])
+            self.step, self.tokens_seen, self.wall = ck["step"], ck["tokens_seen"], ck["wall"]
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise ModelError(f"checkpoint {self.ckpt_path} does not match this config's model "
+                             "(another layer pattern or size?); use another out_dir or "
+                             "--no-resume") from exc
+        self.trim_log()
         return True
+
+    def trim_log(self) -> None:
+        """Drop log rows past the checkpoint's step: they are replayed, not duplicated."""
+        log = self.out / "log.jsonl"
+        if not log.is_file():
+            return
+        keep = []
+        for line in log.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= self.step:
+                    keep.append(line)
+            except (ValueError, AttributeError):
+                continue  # a line cut short by an interrupt
+        tmp = log.with_name("log.jsonl.tmp")
+        tmp.write_text("".join(x + "\n" for x in keep))
+        os.replace(tmp, log)
 
     def write_log(self, row: dict) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -239,8 +274,53 @@ class Trainer:
         return save_model(self.model.cpu(), dest or self.out / "model")
 
 
+_POSITIVE = ("steps", "batch_size", "window", "ckpt_every", "eval_tokens", "eval_context")
+_NON_NEGATIVE = ("warmup", "eval_every", "threads", "weight_decay", "grad_clip")
+
+
+def validate_train_config(cfg: TrainConfig) -> TrainConfig:
+    """Refuse values that cannot train (InputError, one line) before any work is done."""
+    import dataclasses
+
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        want = {"int": int, "float": (int, float), "str": str, "dict": dict}.get(str(f.type))
+        if f.type in ("list[str]",):
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise InputError(f"train config: {f.name} must be a list of paths, got {v!r}")
+        elif want is not None and (not isinstance(v, want) or isinstance(v, bool)):
+            raise InputError(f"train config: {f.name} must be {str(f.type)}, got {v!r}")
+    for name in _POSITIVE:
+        if getattr(cfg, name) < 1:
+            raise InputError(f"train config: {name} must be >= 1, got {getattr(cfg, name)}")
+    for name in _NON_NEGATIVE:
+        if getattr(cfg, name) < 0:
+            raise InputError(f"train config: {name} must be >= 0, got {getattr(cfg, name)}")
+    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
+        raise InputError(f"train config: lr must be > 0, got {cfg.lr}")
+    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
+        raise InputError(f"train config: min_lr_ratio must be in [0, 1], got {cfg.min_lr_ratio}")
+    if not 0.0 <= cfg.rc_prob <= 1.0:
+        raise InputError(f"train config: rc_prob must be in [0, 1], got {cfg.rc_prob}")
+    if cfg.bf16_autocast not in ("auto", "on", "off"):
+        raise InputError(f"train config: bf16_autocast must be auto, on or off, got {cfg.bf16_autocast!r}")
+    return cfg
+
+
 def load_train_config(path: str | Path) -> TrainConfig:
-    return TrainConfig(**json.loads(Path(path).read_text()))
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"cannot read train config {path}: {' '.join(str(exc).split())}") from exc
+    if not isinstance(raw, dict):
+        raise InputError(f"train config {path}: expected a JSON object, got {type(raw).__name__}")
+    known = {f for f in TrainConfig.__dataclass_fields__}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise InputError(f"train config {path}: unknown field(s) {', '.join(unknown)}")
+    if "out_dir" not in raw:
+        raise InputError(f"train config {path}: out_dir is required")
+    return validate_train_config(TrainConfig(**raw))
 
 
 def run_from_config(path: str | Path, resume: bool = True,
