@@ -28,6 +28,13 @@ def bundled_drafter_dir(model: StripedHyena, seed: int = 0) -> Path | None:
     return d if (d / "config.json").is_file() else None
 
 
+def check_gamma(drafter: Any, gamma: int) -> None:
+    """Refuse a gamma the drafter cannot propose (a dspark drafter has slots for gamma_max)."""
+    limit = getattr(getattr(drafter, "cfg", None), "gamma_max", None)
+    if isinstance(limit, int) and gamma > limit:
+        raise InputError(f"gamma {gamma}: this drafter proposes at most {limit} tokens per round")
+
+
 def resolve_drafter(model: StripedHyena, spec: Any, force: bool = False) -> Drafter | None:
     """'auto' | None/'none' | 'identity' | 'kmer' | 'dspark' | a drafter folder | a Drafter."""
     if spec is None or spec == "none":
@@ -121,6 +128,7 @@ def generate(model: StripedHyena, prompt: str | list[int], max_new_tokens: int =
     sampler = SamplerConfig(temperature, top_k, top_p)
     sampler.validate()
     d = resolve_drafter(model, drafter, force=force_drafter)
+    check_gamma(d, gamma)
     rng = RngKey(seed, record, sample)
     native = None
     if compare_native:

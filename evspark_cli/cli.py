@@ -253,7 +253,7 @@ def generate(
     _check_distinct_outputs(inputs, [("--output", output), ("--stats", stats)])
     prompts = _load_prompts(inputs, region, prompt_tail, shard)
     _setup_torch(threads)
-    from .api import STATS_COLUMNS, drafter_name, generate as gen, resolve_drafter
+    from .api import STATS_COLUMNS, check_gamma, drafter_name, generate as gen, resolve_drafter
     from .errors import InputError
     from .io.writers import FastaOutput, StatsOutput
     from .model.checkpoint import load_model
@@ -262,6 +262,7 @@ def generate(
                        compile=compile_cpu)
     _check_context(model, prompts, max_new_tokens)
     d = resolve_drafter(model, drafter, force=force_drafter)
+    check_gamma(d, gamma)
     model_name = model.config.model_name
     if stats and not stats.endswith((".tsv", ".jsonl")):
         raise InputError(f"--stats {stats}: use a .tsv or .jsonl file name")
@@ -397,7 +398,7 @@ def verify(
         _check_distinct_outputs(inputs, [("--report", report)])
     prompts = _load_prompts(inputs or _default_verify_inputs(), region, prompt_tail, shard)
     _setup_torch(threads)
-    from .api import drafter_name, resolve_drafter
+    from .api import check_gamma, drafter_name, resolve_drafter
     from .decode.drafters.base import RngKey
     from .decode.native import decode_native
     from .decode.speculative import decode_speculative
@@ -408,6 +409,7 @@ def verify(
                        compile=compile_cpu)
     _check_context(model, prompts, max_new_tokens)
     d = resolve_drafter(model, drafter, force=force_drafter)
+    check_gamma(d, gamma)
     if d is None:
         raise InputError("verify needs a drafter (not 'none')")
     if tie_tolerance is None:
@@ -742,7 +744,13 @@ def distill(
     prog = _progress(steps, quiet, "distill")
     with prog:
         task = prog.add_task("distill", total=steps, completed=trainer.step, note="")
-        trainer.run(lambda st, tot, loss: prog.update(task, completed=st, note=f"loss={loss:.4f}"))
+        try:
+            trainer.run(lambda st, tot, loss: prog.update(task, completed=st,
+                                                          note=f"loss={loss:.4f}"))
+        except KeyboardInterrupt:
+            _say(f"evspark: interrupted; rerun the same command to resume from "
+                 f"{trainer.out / 'ckpt.pt'} (step {_ckpt_step(trainer.out / 'ckpt.pt')})")
+            raise typer.Exit(130) from None
     folder = trainer.export(dest)
     _say(f"evspark: wrote drafter {folder} ({trainer.step * batch * gamma:,} supervised positions)")
 

@@ -182,3 +182,18 @@ def test_verify_table_shows_whole_record_ids(tmp_path, model_dir):
     r = run_cli(["verify", fa, "--model", model_dir, "-n", 4, "--drafter", "kmer", *FAST])
     assert r.code == 0, r.err
     assert any(line.split()[0] == rid for line in r.out.splitlines()), r.out
+
+
+def test_gamma_beyond_the_drafters_slots_is_refused_up_front(tmp_path):
+    """The bundled dspark drafter has 16 slots: gamma 17 is a usage error before any record
+    (it used to fail every record and leave a .partial that --resume could not finish)."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "o.fa"
+    for cmd in (["generate", "-o", out], ["verify"]):
+        r = run_cli([cmd[0], root / "examples" / "prompts.fa", "-n", 4, "--gamma", 17,
+                     "--drafter", "dspark", *cmd[1:], *FAST])
+        assert "at most 16" in one_line_error(r, 2)
+    assert list(tmp_path.iterdir()) == []
+    r = run_cli(["bench", "-n", 4, "--n-prompts", 1, "-g", 17, "-o", tmp_path / "b", *FAST])
+    assert "at most 16" in one_line_error(r, 2)
+    assert list(tmp_path.iterdir()) == []

@@ -130,6 +130,16 @@ def test_distill_refuses_a_cache_of_another_target_and_leaves_no_half_cache(tmp_
     r = run_cli(["distill", "--model", a, "--cache", tmp_path / "c", "-o", tmp_path / "da",
                  *small, "--width", "32", "--steps", "2"])
     one_line_error(r, 3)
+    # a resumed distill replays the log rows past its checkpoint instead of duplicating them
+    log = tmp_path / "da.run" / "log.jsonl"
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1]
+    with open(log, "a") as f:
+        f.write(json.dumps({"step": 2, "loss": 9.0}) + "\n" + '{"step": 3, "lo')
+    r = run_cli(["distill", "--model", a, "--cache", tmp_path / "c", "-o", tmp_path / "da",
+                 *small, "--steps", "2"])
+    assert r.code == 0, r.err
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["step"] for x in rows] == [1, 2] and rows[1]["loss"] != 9.0
 
 
 # ----------------------------------------------------------------------------------- bench

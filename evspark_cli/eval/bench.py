@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..api import bundled_drafter_dir, drafter_name, resolve_drafter
+from ..api import bundled_drafter_dir, check_gamma, drafter_name, resolve_drafter
 from ..decode.drafters.base import RngKey
 from ..decode.native import DecodeResult, Prefilled, decode_native, prefill_prompt
 from ..decode.sampling import SamplerConfig
@@ -346,6 +346,9 @@ def bench_drafters(model: StripedHyena, cfg: BenchConfig, extra: list[str] | Non
                 i += 1
                 name = f"{base}-{i}"
         ds[name] = d
+    for d in ds.values():  # before any work: a gamma a drafter has no slots for
+        for g in {cfg.gamma, *([] if "gamma" in cfg.skip else cfg.gamma_sweep)}:
+            check_gamma(d, g)
     return ds
 
 

@@ -28,6 +28,7 @@ from ..model.checkpoint import load_model, resolve_device, weights_hash
 from ..model.model import StripedHyena
 from .codec import EncodedRows, ShardReader, ShardWriter, decode, encode
 from .corpus import Corpus
+from .pretrain import trim_log
 
 
 @dataclass
@@ -255,6 +256,7 @@ class DistillTrainer:
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise ModelError(f"checkpoint {p} was made with another drafter shape (--width, "
                              "--layers, --prefix or target); use another --run-dir") from exc
+        trim_log(self.out / "log.jsonl", self.step)
         return True
 
     def train_step(self) -> dict[str, float]:

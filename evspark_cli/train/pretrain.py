@@ -126,6 +126,23 @@ def lm_loss(model: StripedHyena, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
 
+def trim_log(log: Path, step: int) -> None:
+    """Keep the rows of a run's log.jsonl up to `step` (a resumed run replays the rest), and
+    drop a line an interrupt cut short."""
+    if not log.is_file():
+        return
+    keep = []
+    for line in log.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line)
+        except (ValueError, AttributeError):
+            continue
+    tmp = log.with_name(log.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, log)
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print) -> None:
         self.cfg = cfg
@@ -198,19 +215,7 @@ class Trainer:
 
     def trim_log(self) -> None:
         """Drop log rows past the checkpoint's step: they are replayed, not duplicated."""
-        log = self.out / "log.jsonl"
-        if not log.is_file():
-            return
-        keep = []
-        for line in log.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= self.step:
-                    keep.append(line)
-            except (ValueError, AttributeError):
-                continue  # a line cut short by an interrupt
-        tmp = log.with_name("log.jsonl.tmp")
-        tmp.write_text("".join(x + "\n" for x in keep))
-        os.replace(tmp, log)
+        trim_log(self.out / "log.jsonl", self.step)
 
     def write_log(self, row: dict) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
