@@ -29,7 +29,8 @@ def bundled_drafter_dir(model: StripedHyena, seed: int = 0) -> Path | None:
 
 
 def check_gamma(drafter: Any, gamma: int) -> None:
-    """Refuse a gamma the drafter cannot propose (a dspark drafter has slots for gamma_max)."""
+    """Refuse a gamma the drafter cannot propose (a dspark drafter has slots for gamma_max).
+    Callers pass the largest gamma a round will use: min(gamma, new tokens - 1)."""
     limit = getattr(getattr(drafter, "cfg", None), "gamma_max", None)
     if isinstance(limit, int) and gamma > limit:
         raise InputError(f"gamma {gamma}: this drafter proposes at most {limit} tokens per round")
@@ -128,7 +129,7 @@ def generate(model: StripedHyena, prompt: str | list[int], max_new_tokens: int =
     sampler = SamplerConfig(temperature, top_k, top_p)
     sampler.validate()
     d = resolve_drafter(model, drafter, force=force_drafter)
-    check_gamma(d, gamma)
+    check_gamma(d, min(gamma, max_new_tokens - 1))  # rounds never draft more
     rng = RngKey(seed, record, sample)
     native = None
     if compare_native:

@@ -262,7 +262,7 @@ def generate(
                        compile=compile_cpu)
     _check_context(model, prompts, max_new_tokens)
     d = resolve_drafter(model, drafter, force=force_drafter)
-    check_gamma(d, gamma)
+    check_gamma(d, min(gamma, max_new_tokens - 1))  # rounds never draft more
     model_name = model.config.model_name
     if stats and not stats.endswith((".tsv", ".jsonl")):
         raise InputError(f"--stats {stats}: use a .tsv or .jsonl file name")
@@ -409,7 +409,7 @@ def verify(
                        compile=compile_cpu)
     _check_context(model, prompts, max_new_tokens)
     d = resolve_drafter(model, drafter, force=force_drafter)
-    check_gamma(d, gamma)
+    check_gamma(d, min(gamma, max_new_tokens - 1))
     if d is None:
         raise InputError("verify needs a drafter (not 'none')")
     if tie_tolerance is None:
