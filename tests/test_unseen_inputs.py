@@ -18,7 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import SHARED, random_tiny_dir, run_cli  # noqa: E402
+from tiny import SHARED, one_line_error, random_tiny_dir, run_cli  # noqa: E402
 
 from evspark_cli.errors import InputError, ModelError  # noqa: E402
 from evspark_cli.model.checkpoint import load_model  # noqa: E402
@@ -37,14 +37,6 @@ def fasta(tmp_path) -> Path:
     p = tmp_path / "in.fa"
     p.write_text(">r1\nACGTACGTAAGG\n>r2\nttgacaGGCA\n")
     return p
-
-
-def one_line_error(r, code: int) -> str:
-    lines = r.err.strip().splitlines()
-    assert r.code == code, r.err
-    assert len(lines) == 1 and lines[0].startswith("evspark: error:"), r.err
-    assert "internal error" not in r.err and "Traceback" not in r.err, r.err
-    return lines[0]
 
 
 # ------------------------------------------------------------------------- checkpoints

@@ -14,17 +14,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import PHIX, random_tiny_dir, run_cli, tiny_config  # noqa: E402
+from tiny import PHIX, one_line_error, random_tiny_dir, run_cli, tiny_config  # noqa: E402
 
 Q = ["-q"]
-
-
-def one_line_error(r, code: int) -> str:
-    lines = r.err.strip().splitlines()
-    assert r.code == code, r.err
-    assert len(lines) == 1 and lines[0].startswith("evspark: error:"), r.err
-    assert "internal error" not in r.err and "Traceback" not in r.err, r.err
-    return lines[0]
 
 
 def write_config(tmp_path: Path, name: str = "c.json", **kw) -> Path:

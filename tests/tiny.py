@@ -93,6 +93,15 @@ class CliResult(NamedTuple):
     err: str
 
 
+def one_line_error(r: "CliResult", code: int) -> str:
+    """The one `evspark: error:` line of a failed run with exit `code` (no traceback)."""
+    lines = r.err.strip().splitlines()
+    assert r.code == code, r.err
+    assert len(lines) == 1 and lines[0].startswith("evspark: error:"), r.err
+    assert "internal error" not in r.err and "Traceback" not in r.err, r.err
+    return lines[0]
+
+
 def run_cli(args: list, stdin: bytes = b"") -> CliResult:
     """`evspark ARGS` in this process (torch imported once); stdin is a peekable byte stream."""
     from evspark_cli import cli

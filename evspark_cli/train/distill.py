@@ -28,7 +28,7 @@ from ..model.checkpoint import load_model, resolve_device, weights_hash
 from ..model.model import StripedHyena
 from .codec import EncodedRows, ShardReader, ShardWriter, decode, encode
 from .corpus import Corpus
-from .pretrain import trim_log
+from .pretrain import load_run_checkpoint, trim_log
 
 
 @dataclass
@@ -241,21 +241,15 @@ class DistillTrainer:
         p = self.out / "ckpt.pt"
         if not p.is_file():
             return False
-        from ..errors import ModelError
 
-        try:
-            ck = torch.load(p, map_location="cpu", weights_only=True)  # load_state_dict places it
-        except Exception as exc:  # truncated, not a torch file
-            raise ModelError(f"cannot read checkpoint {p} ({type(exc).__name__}); delete it to "
-                             "start over") from exc
-        try:
+        def restore(ck: dict) -> None:  # load_state_dict places the tensors
             self.net.load_state_dict(ck["net"])
             self.opt.load_state_dict(ck["opt"])
             self.gen.set_state(ck["gen"])
             self.step, self.wall = ck["step"], ck["wall"]
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise ModelError(f"checkpoint {p} was made with another drafter shape (--width, "
-                             "--layers, --prefix or target); use another --run-dir") from exc
+
+        load_run_checkpoint(p, restore, "was made with another drafter shape (--width, --layers, "
+                            "--prefix or target); use another --run-dir")
         trim_log(self.out / "log.jsonl", self.step)
         return True
 

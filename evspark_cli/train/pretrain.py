@@ -126,6 +126,21 @@ def lm_loss(model: StripedHyena, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
 
+def load_run_checkpoint(path: Path, restore: Callable[[dict], None], mismatch: str,
+                        start_over: str = "delete it to start over") -> None:
+    """Read a run's ckpt.pt (on the CPU) and hand it to `restore`: one-line ModelErrors for a
+    file that cannot be read (truncated, not a torch file, a foreign pickle) and for one that
+    does not fit the run (`mismatch` says what to do)."""
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error to a user
+        raise ModelError(f"cannot read checkpoint {path} ({type(exc).__name__}); {start_over}") from exc
+    try:
+        restore(ck)
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise ModelError(f"checkpoint {path} {mismatch}") from exc
+
+
 def trim_log(log: Path, step: int) -> None:
     """Keep the rows of a run's log.jsonl up to `step` (a resumed run replays the rest), and
     drop a line an interrupt cut short."""
@@ -196,20 +211,16 @@ class Trainer:
             return False
         # on the CPU: the generator's state must stay a CPU tensor, and load_state_dict copies
         # model and optimizer tensors to where the parameters live
-        try:
-            ck = torch.load(self.ckpt_path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # truncated, not a torch file, foreign pickle
-            raise ModelError(f"cannot read checkpoint {self.ckpt_path} ({type(exc).__name__}); "
-                             "delete it or rerun with --no-resume to start over") from exc
-        try:
+        def restore(ck: dict) -> None:
             self.model.load_state_dict(ck["model"])
             self.opt.load_state_dict(ck["opt"])
             self.gen.set_state(ck["gen"])
             self.step, self.tokens_seen, self.wall = ck["step"], ck["tokens_seen"], ck["wall"]
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise ModelError(f"checkpoint {self.ckpt_path} does not match this config's model "
-                             "(another layer pattern or size?); use another out_dir or "
-                             "--no-resume") from exc
+
+        load_run_checkpoint(self.ckpt_path, restore,
+                            "does not match this config's model (another layer pattern or "
+                            "size?); use another out_dir or --no-resume",
+                            "delete it or rerun with --no-resume to start over")
         self.trim_log()
         return True
 
