@@ -15,9 +15,12 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import typer
+
+if TYPE_CHECKING:  # the CLI imports its I/O lazily (a fast --help)
+    from .io.writers import FastaOutput
 
 app = typer.Typer(
     name="evspark",
@@ -330,12 +333,12 @@ def generate(
             stat_out.finish()
 
 
-def _check_resumed_settings(fasta: Any, want: dict[str, str]) -> None:
+def _check_resumed_settings(fasta: "FastaOutput", want: dict[str, str]) -> None:
     """Refuse to --resume a FASTA whose finished records were made with other settings (their
     headers record them): the final file would mix two runs."""
     from .errors import InputError
 
-    for rid, desc in getattr(fasta, "done_descriptions", {}).items():
+    for rid, desc in fasta.done_descriptions.items():
         words = desc.split()
         if not words or words[0] != "evspark":  # not a header this tool wrote: nothing to compare
             continue
