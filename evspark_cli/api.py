@@ -21,10 +21,9 @@ STATS_COLUMNS = ["record_id", "sample", "prompt_len", "new_tokens", "mode", "dra
 
 
 def bundled_drafter_dir(model: StripedHyena, seed: int = 0) -> Path | None:
-    src = getattr(model, "source_dir", None)
-    if src is None:
+    if model.source_dir is None:
         return None
-    d = Path(src) / "drafters" / f"seed{seed}"
+    d = Path(model.source_dir) / "drafters" / f"seed{seed}"
     return d if (d / "config.json").is_file() else None
 
 
@@ -138,7 +137,7 @@ def generate(model: StripedHyena, prompt: str | list[int], max_new_tokens: int =
         res = native or decode_native(model, ids, max_new_tokens, sampler, rng, label=record_id)
     else:
         res = decode_speculative(model, ids, max_new_tokens, sampler, d, gamma, rng, rollback,
-                                 label=record_id, hidden_prefix=getattr(d, "prefix_len", 0))
+                                 label=record_id, hidden_prefix=d.prefix_len)
     stats = make_stats(record_id, sample, len(ids), res, drafter_name(d), gamma,
                        native if d is not None else None)
     return GenerateOutput(res.tokens, detokenize(res.tokens), stats, res, native)

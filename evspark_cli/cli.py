@@ -427,7 +427,7 @@ def verify(
             rng = RngKey(0, _record_key(p.id), 0)
             nat = decode_native(model, ids, max_new_tokens, greedy, rng, p.id, track_margins=True)
             spec = decode_speculative(model, ids, max_new_tokens, greedy, d, gamma, rng, rollback,
-                                      p.id, hidden_prefix=getattr(d, "prefix_len", 0))
+                                      p.id, hidden_prefix=d.prefix_len)
             row = compare_greedy(p.id, nat, spec, tie_tolerance)
             rows.append(row)
             prog.advance(task)
@@ -575,7 +575,7 @@ def info(model_dir: Optional[str] = ModelOpt) -> None:
     st = model.empty_state(1, capacity=1).nbytes()
     pattern = model.layer_kinds()
     counts = {k: pattern.count(k) for k in ("hcs", "hcm", "hcl", "attn")}
-    print(f"model          {cfg.model_name}  ({getattr(model, 'source_dir', '')})")
+    print(f"model          {cfg.model_name}  ({model.source_dir or ''})")
     print(f"parameters     {model.num_parameters():,}")
     print(f"hidden         {cfg.hidden_size}  layers {cfg.num_layers}  heads {cfg.num_attention_heads}"
           f"  mlp {cfg.mlp_size}")
@@ -586,7 +586,7 @@ def info(model_dir: Optional[str] = ModelOpt) -> None:
     print(f"context        {cfg.max_seqlen:,} tokens (RoPE base {cfg.rotary_emb_base:g}, scale {cfg.rope_scale:g})")
     print(f"state          {st['fixed']:,} bytes per sequence + {st['kv_per_token']:,} bytes per token")
     print(f"drafter layers {cfg.drafter_layers}")
-    card = model_card_summary(model.source_dir) if hasattr(model, "source_dir") else None
+    card = model_card_summary(model.source_dir) if model.source_dir is not None else None
     if card:
         summary = [ln for ln in card.splitlines() if ln.startswith(("- **", "**"))][:8]
         if summary:

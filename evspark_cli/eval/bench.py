@@ -91,7 +91,7 @@ def _run_pair(model: StripedHyena, p: Prompt, drafter: Any, cfg: BenchConfig, sa
               rollback: str, gamma: int, key: RngKey) -> tuple[DecodeResult, DecodeResult]:
     nat = decode_native(model, _ids(p), cfg.new_tokens, sampler, key, p.id, track_margins=True)
     spec = decode_speculative(model, _ids(p), cfg.new_tokens, sampler, drafter, gamma, key, rollback,
-                              p.id, hidden_prefix=getattr(drafter, "prefix_len", 0))
+                              p.id, hidden_prefix=drafter.prefix_len)
     return nat, spec
 
 
@@ -137,7 +137,7 @@ def speed_and_greedy(model: StripedHyena, prompts: list[Prompt], drafters: dict[
                     for rb in rbs:
                         spec = decode_speculative(model, _ids(p), cfg.new_tokens, sampler, d,
                                                   cfg.gamma, key, rb, p.id,
-                                                  hidden_prefix=getattr(d, "prefix_len", 0))
+                                                  hidden_prefix=d.prefix_len)
                         row = {"prompt": p.id, "repeat": r, "tokens": len(nat.tokens),
                                "native_s": nat.wall_s, "spec_s": spec.wall_s,
                                "rounds": spec.rounds, "accepted": sum(spec.accepted),
@@ -189,7 +189,7 @@ def sampled_losslessness(model: StripedHyena, prompts: list[Prompt], drafter: An
                          log: Callable[[str], None]) -> dict[str, Any]:
     """TVD/KL of speculative vs native samples against the native-vs-native floor at matched N."""
     rows = []
-    prefix = getattr(drafter, "prefix_len", 0)
+    prefix = drafter.prefix_len
     for i, p in enumerate(prompts[: cfg.tvd_prompts]):
         sets: dict[str, list[list[int]]] = {"native_a": [], "native_b": [], "spec": []}
         pf = prefill_prompt(model, _ids(p), cfg.tvd_tokens + cfg.gamma + 16, prefix)  # shared
@@ -257,7 +257,7 @@ def context_sweep(model: StripedHyena, drafter: Any, cfg: BenchConfig,
     if not cfg.context_source:
         return []
     genome = read_prompts([cfg.context_source])[0].seq
-    prefix = getattr(drafter, "prefix_len", 0)
+    prefix = drafter.prefix_len
     out = []
     for L in cfg.contexts:
         if L > len(genome):

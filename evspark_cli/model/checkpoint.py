@@ -140,7 +140,7 @@ def load_model(path: str | Path | None = None, device: str | None = "cpu",
     model.eval()
     if dev.type == "cpu":
         input_major(model, extra=(model.embedding_layer.weight,))
-    model.source_dir = folder  # type: ignore[attr-defined]
+    model.source_dir = folder
     if cuda_graphs and dev.type == "cuda":
         model.use_graphs("cuda")
     elif compile and dev.type == "cpu":

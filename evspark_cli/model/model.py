@@ -10,6 +10,7 @@ through. Parameter names follow Evo 2 / vortex checkpoints (``blocks.{i}.filter.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -36,6 +37,7 @@ class StripedHyena(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.eps)
         self.hidden_layers: list[int] = cfg.drafter_layers
         self.graphs: GraphRunner | None = None  # set by use_graphs()
+        self.source_dir: Path | None = None  # the folder it was loaded from (checkpoint.load_model)
         self._derived = Derived()
 
     # ------------------------------------------------------------------ core

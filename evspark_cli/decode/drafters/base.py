@@ -7,7 +7,7 @@ in fp32 over the full vocabulary: the acceptance rule is only lossless with the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -45,11 +45,11 @@ class DraftContext:
 class Proposal:
     drafts: Tensor  # (gamma,) long
     q: Tensor  # (gamma, V) fp32, q[k] is the distribution drafts[k] was drawn from
-    info: dict = field(default_factory=dict)
 
 
 class Drafter(Protocol):
     name: str
+    prefix_len: int  # hidden states of the last committed positions `begin` needs (0: none)
 
     def begin(self, ctx: DraftContext) -> None:
         """Start a sequence (reset per-sequence memory)."""

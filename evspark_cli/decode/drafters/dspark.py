@@ -238,7 +238,7 @@ def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: 
     except TypeError as e:
         raise ModelError(f"{cfg_path}: {e}") from None
     if target is not None:
-        src = getattr(target, "source_dir", None)
+        src = target.source_dir
         if src is not None and cfg.target_hash and not force:
             h = weights_hash(src)
             if h != cfg.target_hash:

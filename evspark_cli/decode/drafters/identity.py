@@ -16,6 +16,7 @@ from .base import DraftContext, Proposal, draw
 
 class IdentityDrafter:
     name = "identity"
+    prefix_len = 0
 
     def begin(self, ctx: DraftContext) -> None:
         self.ctx = ctx

@@ -21,6 +21,7 @@ _INDEX = {b: i for i, b in enumerate(BASES)}
 
 class KmerDrafter:
     name = "kmer"
+    prefix_len = 0
 
     def __init__(self, order: int = 8, vocab: int = 512) -> None:
         self.order = order
