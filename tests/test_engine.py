@@ -68,6 +68,16 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float = TOL, what: str = "",
     assert err <= tol, f"{what}: max abs diff {err:.3g} > {tol}"
 
 
+def kv_cache(keys: torch.Tensor, vals: torch.Tensor):
+    """A KV cache holding `keys` and `vals` (B, H, n, d_h) at positions 0..n-1."""
+    from evspark_cli.model.state import KVCache
+
+    B, H, n, dh = keys.shape
+    cache = KVCache(B, n, H, dh, keys.dtype, keys.device)
+    cache.write((0,) * B, keys, vals)
+    return cache
+
+
 def snapshot(state: InferenceState) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in state.tensors().items()}
 
@@ -289,8 +299,9 @@ def poison(state: InferenceState) -> int:
     n = 0
     for s in state.layers:
         if isinstance(s, KVState):
-            s.cache.k[:, :, s.length:] = float("nan")
-            s.cache.v[:, :, s.length:] = float("nan")
+            for b, length in enumerate(s.lengths):
+                s.cache.k[b, :, length:] = float("nan")
+                s.cache.v[b, :, length:] = float("nan")
             n += 1
         else:
             assert isinstance(s, HyenaState)
@@ -552,7 +563,7 @@ def test_split_attention_equals_masked(k, dtype):
     q = torch.randn(1, 3, k, 16, generator=g).to(dtype)
     keys = torch.randn(1, 3, t0 + k, 16, generator=g).to(dtype)
     vals = torch.randn(1, 3, t0 + k, 16, generator=g).to(dtype)
-    got = attention.attend_block(q, keys, vals, t0)
+    got = attention.attend_block(q, kv_cache(keys, vals), (t0,))
     qpos = torch.arange(t0, t0 + k)[:, None]
     mask = torch.arange(t0 + k)[None, :] <= qpos
     want = torch.nn.functional.scaled_dot_product_attention(q.float(), keys.float(), vals.float(),
@@ -578,7 +589,8 @@ def test_cached_block_mask_equals_built_mask(t0, k):
     assert mask.shape == (k, t0 + k)
     assert torch.equal(mask == 0, allowed) and bool(torch.isneginf(mask[~allowed]).all())
     want = torch.nn.functional.scaled_dot_product_attention(q, keys, vals, attn_mask=allowed)
-    close(attention.attend_block(q, keys, vals, t0), want, tol=1e-6, what="cached mask")
+    close(attention.attend_block(q, kv_cache(keys, vals), (t0,)), want, tol=1e-6,
+          what="cached mask")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -595,7 +607,7 @@ def test_short_block_attention_on_cuda(dtype):
     allowed = torch.arange(50, device="cuda")[None, :] <= torch.arange(37, 50, device="cuda")[:, None]
     want = torch.nn.functional.scaled_dot_product_attention(q.float(), keys.float(), vals.float(),
                                                             attn_mask=allowed)
-    got = attention.attend_block(q, keys, vals, 37)
+    got = attention.attend_block(q, kv_cache(keys, vals), (37,))
     torch.cuda.synchronize()
     close(got.float(), want, tol=1e-5 if dtype == torch.float32 else 3e-2, what="cuda block")
 
@@ -617,8 +629,8 @@ def test_modal_block_is_bit_identical_to_steps(make_model, k):
         for j in range(k):
             cj, pj = filt.inner(w[..., j: j + 1], st)
             outs.append(cj)
-            assert torch.equal(pending.commit(j + 1).sigma, pj.commit(1).sigma)
-            st = pj.commit(1)
+            assert torch.equal(pending.commit((j + 1,) * 2).sigma, pj.commit((1, 1)).sigma)
+            st = pj.commit((1, 1))
     assert torch.equal(c.transpose(1, 2), torch.cat(outs, dim=-1))
 
 
@@ -646,13 +658,13 @@ def test_fir_block_forms_equal_steps(make_model, k):
                 for j in range(k):
                     yj, pj = fir_extend(x[:, j: j + 1].transpose(1, 2), st, taps)
                     steps.append(yj.transpose(1, 2))
-                    st = pj.commit(1)
+                    st = pj.commit((1, 1))
                     windows.append(st.buf)
                 for form in forms:
                     out, pending = fir_block(x, win, **form)
                     close(out, torch.cat(steps, dim=1), tol=1e-5, what=f"{kind} K={K} {list(form)}")
                     for j in range(k):
-                        assert torch.equal(pending.commit(j + 1).buf, windows[j])
+                        assert torch.equal(pending.commit((j + 1,) * 2).buf, windows[j])
 
 
 @torch.inference_mode()
@@ -749,7 +761,7 @@ def test_rotary_table_grows_and_gives_the_directly_computed_angles():
             ang = t[:, None] * rot.inv_freq[None, :]
             cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
             want = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-            close(rot(x, t0), want, tol=1e-5, what=f"positions {t0}..{t0 + 2}")
+            close(rot(x, (t0,)), want, tol=1e-5, what=f"positions {t0}..{t0 + 2}")
         rows = rot.table(1)[0].shape[0]
     assert 70_003 <= rows <= 70_003 + (1 << 16)
 

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .layers import Derived, ResidualBlock, linear
-from .state import KVCache, KVPending, KVState
+from .state import KVCache, KVPending, KVState, Lengths, positions_index
 
 QUERY_CHUNK = 1024  # long prefill chunks attend in slices of queries to bound the score matrix
 
@@ -39,20 +39,27 @@ class RotaryEmbedding(nn.Module):
         return self._derived.covering("table", (self.inv_freq,), n, build,
                                       grow=lambda have: have + min(have, 1 << 16))
 
-    def forward(self, x: Tensor, t0: int | Tensor) -> Tensor:
-        """Rotate halves of x (B, k, ..., d_h) at positions t0..t0+k-1.
+    def forward(self, x: Tensor, t0: "Lengths | Tensor") -> Tensor:
+        """Rotate halves of x (B, k, ..., d_h); row b's positions are t0[b]..t0[b]+k-1.
 
-        `t0` may be a device scalar (a captured graph's position): the rows are then gathered
-        from a table that must already cover them (see graphs.py)."""
-        k = x.shape[1]
+        `t0` is one int per row, or a (B,) device tensor (a captured graph's positions): the rows
+        are then gathered from a table that must already cover them (see graphs.py)."""
+        B, k = x.shape[:2]
         if isinstance(t0, Tensor):
             cos, sin = self._derived.peek("table")
-            pos = t0 + torch.arange(k, device=x.device)
+            pos = (t0[:, None] + torch.arange(k, device=x.device)).reshape(-1)
             cos, sin = cos.index_select(0, pos), sin.index_select(0, pos)
+            rows = B
         else:
-            cos, sin = self.table(t0 + k)
-            cos, sin = cos[t0: t0 + k], sin[t0: t0 + k]
-        shape = (1, k) + (1,) * (x.dim() - 3) + (cos.shape[-1],)
+            cos, sin = self.table(max(t0) + k)
+            if all(t == t0[0] for t in t0):  # every row at the same position: one slice
+                cos, sin = cos[t0[0]: t0[0] + k], sin[t0[0]: t0[0] + k]
+                rows = 1
+            else:
+                _, pos = positions_index(t0, k, cos.device)
+                cos, sin = cos.index_select(0, pos.reshape(-1)), sin.index_select(0, pos.reshape(-1))
+                rows = B
+        shape = (rows, k) + (1,) * (x.dim() - 3) + (cos.shape[-1],)
         cos, sin = cos.to(x.dtype).view(shape), sin.to(x.dtype).view(shape)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -69,7 +76,7 @@ class MHA(nn.Module):
         self.out_proj = nn.Linear(D, D, bias=cfg.mha_out_proj_bias)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rotary_emb_base, cfg.rope_scale)
 
-    def forward(self, u: Tensor, st: KVState | None, t0: int | Tensor,
+    def forward(self, u: Tensor, st: KVState | None, t0: "Lengths | Tensor",
                 residual: Tensor | None = None) -> tuple[Tensor, KVPending | None]:
         """Attention output projected (plus `residual`), and the pending KV rows."""
         B, k, _ = u.shape
@@ -82,16 +89,18 @@ class MHA(nn.Module):
             o = F.scaled_dot_product_attention(q, key, val, is_causal=True)
         elif isinstance(t0, Tensor):  # captured graph: fixed shapes, the caller keeps the books
             o = attend_static(q, key, val, st.cache, t0)
+            pending = KVPending(st.cache, (), -1)  # a placeholder: the runner makes the real one
         else:
             st.check()
             version = st.cache.write(t0, key, val)
             pending = KVPending(st.cache, t0, version)
-            o = attend_block(q, st.cache.k[:, :, : t0 + k], st.cache.v[:, :, : t0 + k], t0)
+            o = attend_block(q, st.cache, t0)
         o = o.transpose(1, 2).reshape(B, k, -1)
         return linear(o, self.out_proj.weight, self.out_proj.bias, residual), pending
 
     def empty_state(self, batch: int, capacity: int, dtype: torch.dtype, device) -> KVState:
-        return KVState(KVCache(batch, capacity, self.heads, self.head_dim, dtype, device), 0)
+        return KVState(KVCache(batch, capacity, self.heads, self.head_dim, dtype, device),
+                       (0,) * batch)
 
 
 class AttentionBlock(ResidualBlock):
@@ -101,33 +110,67 @@ class AttentionBlock(ResidualBlock):
         super().__init__(cfg, layer)
         self.inner_mha_cls = MHA(cfg)
 
-    def mix(self, h: Tensor, st: KVState | None, t0: int, residual: Tensor):
+    def mix(self, h: Tensor, st: KVState | None, t0: "Lengths | Tensor", residual: Tensor):
         return self.inner_mha_cls.forward(h, st, t0, residual)
 
     def empty_state(self, batch: int, capacity: int, dtype, device) -> KVState:
         return self.inner_mha_cls.empty_state(batch, capacity, dtype, device)
 
 
-def attend_block(q: Tensor, keys: Tensor, vals: Tensor, t0: int) -> Tensor:
-    """Queries at positions t0..t0+k-1 over keys 0..t0+k-1, causal inside the block."""
+def attend_block(q: Tensor, cache: KVCache, t0: Lengths) -> Tensor:
+    """Queries of row b at positions t0[b]..t0[b]+k-1 over that row's keys 0..t0[b]+k-1 (causal
+    inside the block); rows at different positions mask the keys a row has not written."""
     k = q.shape[2]
+    if any(t != t0[0] for t in t0):
+        return _attend_ragged(q, cache, t0)
+    t = t0[0]
+    keys, vals = cache.k[:, :, : t + k], cache.v[:, :, : t + k]
     if k == 1:
         return F.scaled_dot_product_attention(q, keys, vals)
-    if t0 >= SPLIT_MIN_PREFIX and _flash_lse is not None and q.device.type == "cpu":
-        return _attend_split(q, keys, vals, t0)
-    if (k <= MASKED_BLOCK and t0 < SPLIT_MIN_PREFIX and q.device.type == "cpu"
+    if t >= SPLIT_MIN_PREFIX and _flash_lse is not None and q.device.type == "cpu":
+        return _attend_split(q, keys, vals, t)
+    if (k <= MASKED_BLOCK and t < SPLIT_MIN_PREFIX and q.device.type == "cpu"
             and not torch.is_grad_enabled()):
         return F.scaled_dot_product_attention(q, keys, vals,
-                                              attn_mask=block_mask(k, t0, q.dtype, q.device))
+                                              attn_mask=block_mask(k, t, q.dtype, q.device))
     outs = []
     for s in range(0, k, QUERY_CHUNK):
         e = min(k, s + QUERY_CHUNK)
-        n_keys = t0 + e
-        qpos = torch.arange(t0 + s, t0 + e, device=q.device)[:, None]
+        n_keys = t + e
+        qpos = torch.arange(t + s, t + e, device=q.device)[:, None]
         mask = torch.arange(n_keys, device=q.device)[None, :] <= qpos
         outs.append(F.scaled_dot_product_attention(q[:, :, s:e], keys[:, :, :n_keys],
                                                    vals[:, :, :n_keys], attn_mask=mask))
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+def ragged_mask(t0: Lengths, k: int, first_key: int, n_keys: int, dtype: torch.dtype,
+                device) -> Tensor:
+    """Additive mask (B, 1, k, n_keys) for keys first_key.. : query i of row b sees the keys at
+    positions <= t0[b] + i (0), the others not (-inf)."""
+    _, qpos = positions_index(t0, k, device)  # (B, k)
+    kpos = torch.arange(first_key, first_key + n_keys, device=device)
+    allowed = kpos[None, None, :] <= qpos[:, :, None]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed, -math.inf)[:, None]
+
+
+def _attend_ragged(q: Tensor, cache: KVCache, t0: Lengths) -> Tensor:
+    """Attention for rows at different positions (a batch after speculative rounds).
+
+    Keys before the earliest row's block (every row has written them) need no mask; with a long
+    such prefix on CPU they go through the mask-free flash kernel and only the few keys after it
+    are masked per row, the two passes merged by their log-sum-exps (as `_attend_split`)."""
+    k = q.shape[2]
+    lo, hi = min(t0), max(t0) + k
+    keys, vals = cache.k[:, :, :hi], cache.v[:, :, :hi]
+    if lo >= SPLIT_MIN_PREFIX and _flash_lse is not None and q.device.type == "cpu":
+        tail = ragged_mask(t0, k, lo, hi - lo, q.dtype, q.device)
+        o1, l1 = _flash_lse(q, keys[:, :, :lo], vals[:, :, :lo])[:2]
+        o2, l2 = _flash_lse(q, keys[:, :, lo:], vals[:, :, lo:], attn_mask=tail)[:2]
+        return _merge(o1, l1, o2, l2, q.dtype)
+    mask = ragged_mask(t0, k, 0, hi, q.dtype, q.device)
+    return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
 
 
 MASKED_BLOCK = 64  # verification blocks up to this length take their mask from `block_mask`
@@ -154,16 +197,18 @@ def block_mask(k: int, t0: int, dtype: torch.dtype, device) -> Tensor:
 
 
 def attend_static(q: Tensor, key: Tensor, val: Tensor, cache: KVCache, t0: Tensor) -> Tensor:
-    """Write the block's rows at device position t0 and attend over the whole cache under a mask.
+    """Write row b's block at device positions t0[b].. and attend over the whole cache under a
+    mask.
 
-    Every shape is fixed by the cache's capacity, so a CUDA graph can replay it at any position;
+    Every shape is fixed by the cache's capacity, so a CUDA graph can replay it at any positions;
     masked rows weigh exactly zero. The cache's version bookkeeping is the graph runner's job."""
-    k = q.shape[2]
-    pos = t0 + torch.arange(k, device=q.device)
-    cache.k.index_copy_(2, pos, key)
-    cache.v.index_copy_(2, pos, val)
-    mask = torch.arange(cache.capacity, device=q.device)[None, :] <= pos[:, None]
-    return F.scaled_dot_product_attention(q, cache.k, cache.v, attn_mask=mask)
+    B, H, k, dh = q.shape
+    pos = t0[:, None] + torch.arange(k, device=q.device)  # (B, k)
+    where = pos[:, None, :, None].expand(B, H, k, dh)
+    cache.k.scatter_(2, where, key)
+    cache.v.scatter_(2, where, val)
+    mask = torch.arange(cache.capacity, device=q.device)[None, None, :] <= pos[:, :, None]
+    return F.scaled_dot_product_attention(q, cache.k, cache.v, attn_mask=mask[:, None])
 
 
 # CPU flash attention that also returns the log-sum-exp of each query's scores (private aten op).
@@ -181,6 +226,11 @@ def _attend_split(q: Tensor, keys: Tensor, vals: Tensor, t0: int) -> Tensor:
     assert _flash_lse is not None
     o1, l1 = _flash_lse(q, keys[:, :, :t0], vals[:, :, :t0])[:2]
     o2, l2 = _flash_lse(q, keys[:, :, t0:], vals[:, :, t0:], is_causal=True)[:2]
+    return _merge(o1, l1, o2, l2, q.dtype)
+
+
+def _merge(o1: Tensor, l1: Tensor, o2: Tensor, l2: Tensor, dtype: torch.dtype) -> Tensor:
+    """Two attention passes over disjoint keys as one, weighted by their log-sum-exps."""
     m = torch.maximum(l1, l2)
     w1, w2 = torch.exp(l1 - m)[..., None], torch.exp(l2 - m)[..., None]
-    return ((o1.float() * w1 + o2.float() * w2) / (w1 + w2)).to(q.dtype)
+    return ((o1.float() * w1 + o2.float() * w2) / (w1 + w2)).to(dtype)

@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import Tensor
 
-from .state import (Block, FIRPending, FIRWindow, HyenaPending, HyenaState, InferenceState,
-                    KVPending, KVState, LayerPending, ModalPending, ModalState)
+from .state import Block, InferenceState
 
 if TYPE_CHECKING:
     from .model import StripedHyena
@@ -53,58 +52,18 @@ class Recording:
     """One recorded `extend(k)` with its static inputs and outputs."""
 
     ids: Tensor  # (B, k)
-    position: Tensor  # 0-d int64: t0
-    inputs: list[Tensor]  # Hyena layers' windows / modal states, in layer order
-    logits: Tensor
-    hidden: Tensor
-    pendings: tuple[LayerPending | None, ...]  # per-position states (static); None for KV layers
+    position: Tensor  # (B,) int64: each row's t0
+    inputs: list[Tensor]  # the state's fixed-size tensors (Hyena windows, modal states)
+    outputs: list[Tensor]  # logits, hidden, then the block's per-position tensors
     replay: Callable[[], None]
     pinned: list  # derived tensors the graph reads (fused weights, rotary table): kept alive
 
 
-def hyena_tensors(state: InferenceState) -> list[Tensor]:
-    """The fixed-size state tensors of every Hyena layer (what a replay copies in)."""
-    out: list[Tensor] = []
-    for st in state.layers:
-        if isinstance(st, HyenaState):
-            out.append(st.feat.buf)
-            out.append(st.inner.sigma if isinstance(st.inner, ModalState) else st.inner.buf)
-    return out
-
-
 def static_state(state: InferenceState) -> InferenceState:
-    """A copy of `state` whose Hyena tensors are fresh (static) buffers; KV caches are shared."""
-    layers = []
-    for st in state.layers:
-        if isinstance(st, HyenaState):
-            inner = (ModalState(st.inner.sigma.clone()) if isinstance(st.inner, ModalState)
-                     else FIRWindow(st.inner.buf.clone()))
-            layers.append(HyenaState(FIRWindow(st.feat.buf.clone()), inner))
-        else:
-            layers.append(st)
-    # length 0: the static form reads its position from a device tensor, and a Python int here
-    # would only make torch.compile specialise (recompile) on each recording's length
-    return InferenceState(tuple(layers), 0)
-
-
-def _fir(p: FIRPending) -> FIRPending:
-    return FIRPending(p.widened.clone(), p.width)
-
-
-def _modal(p: ModalPending) -> ModalPending:
-    assert p.sigmas is not None, "short blocks keep per-position modal states"
-    return ModalPending(p.sigmas.clone(), None, None, None)
-
-
-def fresh_pending(template: LayerPending | None, st, t0: int) -> LayerPending:
-    """The pending state of one layer after a replay: static outputs cloned, KV books kept."""
-    if template is None:  # attention: the replay wrote rows t0.. of this state's cache
-        assert isinstance(st, KVState)
-        return KVPending(st.cache, t0, st.cache.note_write(t0))
-    assert isinstance(template, HyenaPending)
-    inner = template.inner
-    return HyenaPending(_fir(template.feat),
-                        _fir(inner) if isinstance(inner, FIRPending) else _modal(inner))
+    """A copy of `state` whose fixed-size tensors are fresh (static) buffers; KV caches shared.
+    Its lengths are zeros: the static form reads positions from a device tensor, and Python ints
+    here would only make torch.compile specialise (recompile) on each recording's lengths."""
+    return state.with_fixed([t.clone() for t in state.fixed()], (0,) * state.batch)
 
 
 class GraphRunner:
@@ -128,24 +87,18 @@ class GraphRunner:
         if self.disabled_reason is not None or torch.is_grad_enabled():
             return False
         k = ids.shape[1]
-        if not 1 <= k <= MAX_GRAPH_BLOCK or state.seqlen == 0:
+        if not 1 <= k <= MAX_GRAPH_BLOCK or min(state.lengths) == 0:
             return False
         if self.backend == "cuda" and ids.device.type != "cuda":
             return False
-        for st in state.layers:
-            if isinstance(st, KVState) and state.seqlen + k > st.cache.capacity:
-                return False
-        return True
+        return all(max(state.lengths) + k <= c.capacity for c in state.caches())
 
     def extend(self, state: InferenceState, ids: Tensor) -> tuple[Tensor, Tensor, Block]:
-        for st in state.layers:
-            if isinstance(st, KVState):
-                st.check()  # a stale branch fails here exactly as in eager extend
+        state.check()  # a stale branch fails here exactly as in eager extend
         if self.backend == "compile":
             return self._compiled_extend(state, ids)
         key = (tuple(ids.shape), ids.device,
-               tuple((id(st.cache), st.cache.k.data_ptr(), st.cache.v.data_ptr(),
-                      st.cache.capacity) for st in state.layers if isinstance(st, KVState)))
+               tuple((id(c), c.k.data_ptr(), c.v.data_ptr(), c.capacity) for c in state.caches()))
         rec = self.recordings.get(key)
         if rec is None:
             if self.sightings.get(key, 0) < 1:  # first meeting: eager (maybe a one-off state)
@@ -162,15 +115,14 @@ class GraphRunner:
                 self.recordings.popitem(last=False)
         else:
             self.recordings.move_to_end(key)
-        t0 = state.seqlen
         rec.ids.copy_(ids)
-        rec.position.fill_(t0)
-        for dst, src in zip(rec.inputs, hyena_tensors(state)):
+        rec.position.copy_(torch.tensor(state.lengths, dtype=torch.long))
+        for dst, src in zip(rec.inputs, state.fixed()):
             dst.copy_(src)
         rec.replay()
         self.replays += 1
-        pendings = tuple(fresh_pending(p, st, t0) for p, st in zip(rec.pendings, state.layers))
-        return rec.logits.clone(), rec.hidden.clone(), Block(pendings, t0, ids.shape[1])
+        outs = [t.clone() for t in rec.outputs]
+        return outs[0], outs[1], state.block_from(outs[2:], ids.shape[1])
 
     def _give_up(self, exc: Exception, state: InferenceState, ids: Tensor
                  ) -> tuple[Tensor, Tensor, Block]:
@@ -185,7 +137,7 @@ class GraphRunner:
     # ------------------------------------------------------------------ compile backend
     def _compiled_extend(self, state: InferenceState, ids: Tensor
                          ) -> tuple[Tensor, Tensor, Block]:
-        model, k, t0 = self.model, ids.shape[1], state.seqlen
+        model, k = self.model, ids.shape[1]
         fn = self.compiled_fns.get(k)
         if fn is None:
             # compiling takes seconds and saves about a millisecond per call: only the lengths a
@@ -195,52 +147,30 @@ class GraphRunner:
                 return model.extend_eager(state, ids)
             fn = self.compiled_fns[k] = compile_static_form(k)
         view = compile_view(model, state)
+        position = torch.tensor(state.lengths, dtype=torch.long, device=ids.device)
         try:
-            outs = fn(model, ids, torch.tensor(t0, dtype=torch.long, device=ids.device), view)
+            outs = fn(model, ids, position, view)
         except Exception as exc:  # noqa: BLE001 - a compiler failure: fall back to eager
             return self._give_up(exc, state, ids)
         self.replays += 1
-        it = iter(outs[2:])
-        pendings: list[LayerPending] = []
-        for st in state.layers:
-            if isinstance(st, KVState):  # the compiled form wrote rows t0.. of this cache
-                pendings.append(KVPending(st.cache, t0, st.cache.note_write(t0)))
-                continue
-            feat = FIRPending(next(it), st.feat.buf.shape[-1])
-            inner = next(it)
-            pendings.append(HyenaPending(feat, ModalPending(inner, None, None, None)
-                                         if isinstance(st.inner, ModalState)
-                                         else FIRPending(inner, st.inner.buf.shape[-1])))
-        return outs[0], outs[1], Block(tuple(pendings), t0, k)
+        return outs[0], outs[1], state.block_from(outs[2:], k)
 
     # ------------------------------------------------------------------ recording
     def _record(self, state: InferenceState, ids: Tensor) -> Recording:
         model = self.model
-        for st in state.layers:  # every cache row a replay can reach has its rotary angles
-            if isinstance(st, KVState):
-                for blk in model.blocks:
-                    if blk.kind == "attn":
-                        blk.inner_mha_cls.rotary_emb.table(st.cache.capacity)
-                break
+        _cover_rotary(model, state)
         s_ids = ids.clone()
-        s_pos = torch.tensor(state.seqlen, dtype=torch.long, device=ids.device)
+        s_pos = torch.tensor(state.lengths, dtype=torch.long, device=ids.device)
         s_state = static_state(state)
 
-        def run() -> tuple[Tensor, Tensor | None, Block | None]:
-            return model._run(s_ids, s_state, True, position=s_pos)
+        def run() -> list[Tensor]:
+            return static_form(model, s_ids, s_pos, s_state)
 
         if self.backend == "eager":
-            logits, hidden, block = run()
-            assert hidden is not None and block is not None
-            outs = [logits, hidden] + pending_tensors(block.pendings)
-
-            def tensors() -> list[Tensor]:
-                lg, hd, bl = run()
-                assert hd is not None and bl is not None
-                return [lg, hd] + pending_tensors(bl.pendings)
+            outs = run()
 
             def replay() -> None:
-                for dst, src in zip(outs, tensors()):
+                for dst, src in zip(outs, run()):
                     dst.copy_(src)
         else:
             side = torch.cuda.Stream(device=ids.device)
@@ -251,15 +181,20 @@ class GraphRunner:
             torch.cuda.current_stream(ids.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                logits, hidden, block = run()
-            assert hidden is not None and block is not None
+                outs = run()
             replay = graph.replay
-        pendings = tuple(None if isinstance(p, KVPending) or p is None else p
-                         for p in block.pendings)
         pinned = [entry for m in model.modules() if hasattr(m, "_derived")
                   for entry in m._derived._cache.values()]
-        return Recording(s_ids, s_pos, hyena_tensors(s_state), logits, hidden, pendings, replay,
-                         pinned)
+        return Recording(s_ids, s_pos, s_state.fixed(), outs, replay, pinned)
+
+
+def _cover_rotary(model: "StripedHyena", state: InferenceState) -> None:
+    """Every cache row a recorded or compiled block can reach has its rotary angles."""
+    capacity = max((c.capacity for c in state.caches()), default=0)
+    if capacity:
+        for blk in model.blocks:
+            if blk.kind == "attn":
+                blk.inner_mha_cls.rotary_emb.table(capacity)
 
 
 _CODES: dict[int, CodeType] = {}  # block length -> the code object its compiled form hangs on
@@ -270,7 +205,7 @@ def static_form(model: "StripedHyena", ids: Tensor, position: Tensor, state: Inf
     """extend(k) in the static form, as a flat list: logits, hidden, per-position states."""
     logits, hidden, block = model._run(ids, state, True, position=position)
     assert hidden is not None and block is not None
-    return [logits, hidden] + pending_tensors(block.pendings)
+    return [logits, hidden] + block.outputs()
 
 
 def compile_static_form(k: int) -> Callable:
@@ -285,30 +220,20 @@ def compile_static_form(k: int) -> Callable:
 
 
 def compile_view(model: "StripedHyena", state: InferenceState) -> InferenceState:
-    """`state` as the compiled form takes it: Hyena windows contiguous (a committed window is a
-    view whose strides depend on the block it came from, and would be recompiled for), KV
+    """`state` as the compiled form takes it: fixed-size tensors contiguous (a committed window
+    is a view whose strides depend on the block it came from, and would be recompiled for), KV
     caches shared with their capacity and the RoPE table that covers it marked dynamic (so
-    every prompt's cache runs the same compiled code), length 0 (the position is a tensor)."""
-    layers: list = []
-    capacity = 0
-    for st in state.layers:
-        if isinstance(st, HyenaState):
-            inner = (ModalState(_dense(st.inner.sigma)) if isinstance(st.inner, ModalState)
-                     else FIRWindow(_dense(st.inner.buf)))
-            layers.append(HyenaState(FIRWindow(_dense(st.feat.buf)), inner))
-            continue
-        torch._dynamo.mark_dynamic(st.cache.k, 2)
-        torch._dynamo.mark_dynamic(st.cache.v, 2)
-        layers.append(KVState(st.cache, 0))
-        capacity = st.cache.capacity
-    if capacity:
-        for blk in model.blocks:  # every row the block can reach has its rotary angles
+    every prompt's cache runs the same compiled code), lengths 0 (positions are a tensor)."""
+    for c in state.caches():
+        torch._dynamo.mark_dynamic(c.k, 2)
+        torch._dynamo.mark_dynamic(c.v, 2)
+    if state.caches():
+        _cover_rotary(model, state)
+        for blk in model.blocks:
             if blk.kind == "attn":
-                rope = blk.inner_mha_cls.rotary_emb
-                rope.table(capacity)
-                for t in rope._derived.peek("table"):
+                for t in blk.inner_mha_cls.rotary_emb._derived.peek("table"):
                     torch._dynamo.mark_dynamic(t, 0)
-    return InferenceState(tuple(layers), 0)
+    return state.with_fixed([_dense(t) for t in state.fixed()], (0,) * state.batch)
 
 
 def _dense(t: Tensor) -> Tensor:
@@ -319,13 +244,3 @@ def _dense(t: Tensor) -> Tensor:
         want.append(step)
         step *= n
     return t if t.stride() == tuple(reversed(want)) else t.clone(memory_format=torch.contiguous_format)
-
-
-def pending_tensors(pendings) -> list[Tensor]:
-    """The per-position state tensors of a block's Hyena layers, in a fixed order."""
-    out: list[Tensor] = []
-    for p in pendings:
-        if isinstance(p, HyenaPending):
-            out.append(p.feat.widened)
-            out.append(p.inner.widened if isinstance(p.inner, FIRPending) else p.inner.sigmas)
-    return out

@@ -324,7 +324,7 @@ class HyenaBlock(ResidualBlock):
         self.filter = HyenaFilter(cfg, kind)
         self.out_filter_dense = nn.Linear(D, D, bias=cfg.hyena_out_proj_bias)
 
-    def mix(self, u: Tensor, st: HyenaState | None, t0: int, residual: Tensor
+    def mix(self, u: Tensor, st: HyenaState | None, t0, residual: Tensor
             ) -> tuple[Tensor, HyenaPending | None]:
         act = u.dtype
         p = linear(u, self.projections.weight).float()  # (B, k, 3D)

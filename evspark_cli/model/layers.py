@@ -242,11 +242,13 @@ class ResidualBlock(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.eps)
         self.mlp = GatedMLP(cfg, layer)
 
-    def mix(self, h: Tensor, st, t0: int, residual: Tensor):  # pragma: no cover - abstract
+    def mix(self, h: Tensor, st, t0, residual: Tensor):  # pragma: no cover - abstract
         """residual + the mixer's output for h, and the layer's pending state."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, st, t0: int):
+    def forward(self, x: Tensor, st, t0):
+        """`t0`: each row's position before x (a tuple of ints, or a (B,) device tensor in a
+        recorded graph); only attention reads it."""
         # norms and MLP called as functions: no module dispatch on the per-token path; the
         # residual adds happen inside the output projections (`linear(..., residual=x)`)
         x, pending = self.mix(rms_norm(x, self.pre_norm.scale, self.pre_norm.eps), st, t0, x)

@@ -21,7 +21,7 @@ from .attention import AttentionBlock
 from .config import ModelConfig
 from .hyena import HyenaBlock
 from .layers import Derived, ResidualBlock, RMSNorm, linear
-from .state import Block, InferenceState
+from .state import Block, InferenceState, Lengths
 
 if TYPE_CHECKING:
     from .graphs import GraphRunner
@@ -51,11 +51,12 @@ class StripedHyena(nn.Module):
 
     def _run(self, ids: Tensor, state: InferenceState | None, hidden: bool,
              position: Tensor | None = None) -> tuple[Tensor, Tensor | None, Block | None]:
-        """The one forward pass. `position` (a device scalar standing for state.seqlen) is the
-        graph-capturable form: attention then reads its position from the device (graphs.py)."""
+        """The one forward pass. `position` (a (B,) device tensor standing for state.lengths) is
+        the graph-capturable form: attention then reads its positions from the device
+        (graphs.py)."""
         x = F.embedding(ids, self._lookup_table())
-        t0 = state.seqlen if state is not None else 0
-        where: int | Tensor = t0 if position is None else position
+        t0 = state.lengths if state is not None else (0,) * ids.shape[0]
+        where: Lengths | Tensor = t0 if position is None else position
         keep: list[Tensor] = []
         pendings = []
         for i, blk in enumerate(self.blocks):
@@ -85,12 +86,14 @@ class StripedHyena(nn.Module):
         layers = []
         for blk in self.blocks:
             layers.append(blk.empty_state(batch, capacity, self.dtype, self.device))
-        return InferenceState(tuple(layers), 0)
+        return InferenceState(tuple(layers), (0,) * batch)
 
     def extend(self, state: InferenceState, ids: Tensor) -> tuple[Tensor, Tensor, Block]:
         """Feed ids (B, k) to `state`: logits (B, k, V), hidden (B, k, n, D) and the block."""
         if ids.dim() == 1:
             ids = ids[None]
+        if ids.shape[0] != state.batch:
+            raise ValueError(f"extend: {ids.shape[0]} rows of ids for a state of {state.batch}")
         if self.graphs is not None and self.graphs.takes(state, ids):
             return self.graphs.extend(state, ids)
         return self.extend_eager(state, ids)

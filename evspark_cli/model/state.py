@@ -1,30 +1,80 @@
-"""Inference state and the rollback protocol: extend k tokens, then commit any prefix j.
+"""Inference state and the rollback protocol: extend k tokens, then commit any prefix j per row.
 
-StripedHyena 2 has three classes of inference state (design note §3):
+StripedHyena 2 has three classes of inference state (docs/state-protocol.md):
 
-| class        | held by                         | extend(k)                          | commit(j)                      |
-|--------------|---------------------------------|------------------------------------|--------------------------------|
-| FIR window   | featurizer (K=3), SE (7), MR (128) | one widened buffer [window ; k inputs] | a slice of it ending at j (a view) |
-| modal state  | Hyena-LI, sigma (B, D, S) fp32  | all k states sigma_1..sigma_k at once | pick sigma_j                  |
-| KV cache     | attention, preallocated rows    | write rows t0 .. t0+k-1            | length := t0 + j               |
+| class        | held by                            | extend(k)                             | commit(j)                          |
+|--------------|------------------------------------|---------------------------------------|------------------------------------|
+| FIR window   | featurizer (K=3), SE (7), MR (128) | one widened buffer [window ; k inputs] | the K-1 columns ending at j (a view) |
+| modal state  | Hyena-LI, sigma (B, D, S) fp32     | all k states sigma_1..sigma_k at once | pick sigma_j                       |
+| KV cache     | attention, preallocated rows       | write rows t0 .. t0+k-1 of each row   | length := t0 + j                   |
 
 `model.extend(state, ids)` returns a :class:`Block` holding one *pending* object per layer. The
 pending objects keep exactly what the verification pass computed anyway, so
 ``block.commit(j)`` builds the state after the first j tokens **without recomputing anything**:
 no second target pass, no snapshot. A decode step is ``extend`` with k = 1 and ``commit(1)``.
 
-States are immutable values, except the KV cache rows past a state's length, which are scratch
+A state is a batch of B independent rows (sequences). Rows may sit at different positions
+(`InferenceState.lengths`): prompts of different lengths, rows that accepted different numbers of
+drafts. ``commit(j)`` takes one j for all rows or one per row; FIR windows and modal states then
+take each row's own slice, and the KV cache keeps a length per row (attention masks the rows a
+row has not written). Rows are added to and removed from a live batch with ``select``, ``cat``,
+``place`` and ``remove`` (the batched decoder's continuous batching); each is a method of every
+layer-state class, so the model and the graph runner never switch on state types.
+
+States are immutable values, except the KV cache rows past a row's length, which are scratch
 space shared by a state and the blocks extended from it. A block is therefore valid until the
-next ``extend`` that writes to the same cache; committing a stale block raises.
-``InferenceState.clone()`` gives an independent deep copy (the snapshot-and-replay baseline).
+next ``extend`` that writes to the same cache; committing a stale block raises. ``place`` and
+``remove`` reuse the batch's KV caches in place: the state they are called on is stale after
+them. ``clone()`` gives an independent deep copy (the snapshot-and-replay baseline).
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
-from typing import Union
+from typing import Iterator, Protocol, Sequence, Union
 
 import torch
 from torch import Tensor
+
+Lengths = tuple[int, ...]  # tokens fed so far, one per row
+RowCommit = Union[int, Sequence[int], Tensor]  # one j for every row, or one per row
+
+
+def as_lengths(j: RowCommit, batch: int) -> Lengths:
+    """`j` (an int, a sequence or a 1-d tensor) as one int per row."""
+    if isinstance(j, Tensor):
+        j = j.tolist()
+    if isinstance(j, int):
+        return (int(j),) * batch
+    out = tuple(int(x) for x in j)
+    if len(out) != batch:
+        raise ValueError(f"commit needs one length per row: {len(out)} for {batch} rows")
+    return out
+
+
+def _uniform(lengths: Lengths) -> bool:
+    return all(x == lengths[0] for x in lengths)
+
+
+def _index(rows: Sequence[int], device: torch.device) -> Tensor:
+    return torch.as_tensor(list(rows), dtype=torch.long, device=device)
+
+
+def _put_rows(t: Tensor, slots: Sequence[int], src: Tensor) -> Tensor:
+    """A copy of t (B, ...) whose rows `slots` are src's rows, in order."""
+    out = t.clone()
+    out[_index(slots, t.device)] = src.to(t.dtype)
+    return out
+
+
+def _swap_remove(t: Tensor, row: int) -> Tensor:
+    """t without `row`: the last row takes its place (a copy; these tensors are small)."""
+    last = t.shape[0] - 1
+    keep = list(range(last))
+    if row != last:
+        keep[row] = last
+    return t.index_select(0, _index(keep, t.device))
+
 
 # ----------------------------------------------------------------------------------------- FIR
 
@@ -34,6 +84,7 @@ class FIRWindow:
     """The last K-1 inputs of a causal FIR filter, oldest first: (B, C, K-1), zeros before t=0."""
 
     buf: Tensor
+    label = "inner_fir"  # its name in `InferenceState.tensors()` as a Hyena layer's inner state
 
     def widen(self, x: Tensor) -> Tensor:
         """[window ; block inputs] as one buffer of K-1+k columns: the block's convolution input."""
@@ -42,18 +93,50 @@ class FIRWindow:
     def clone(self) -> "FIRWindow":
         return FIRWindow(self.buf.clone())
 
+    def fixed(self) -> list[Tensor]:
+        return [self.buf]
+
+    def with_fixed(self, it: Iterator[Tensor]) -> "FIRWindow":
+        return FIRWindow(next(it))
+
+    def pending_from(self, it: Iterator[Tensor]) -> "FIRPending":
+        """The pending state whose widened buffer is the next tensor of `it` (a replayed graph's
+        outputs)."""
+        return FIRPending(next(it), self.buf.shape[-1])
+
+    def select(self, rows: Sequence[int]) -> "FIRWindow":
+        return FIRWindow(self.buf.index_select(0, _index(rows, self.buf.device)))
+
+    def place(self, slots: Sequence[int], other: "FIRWindow") -> "FIRWindow":
+        return FIRWindow(_put_rows(self.buf, slots, other.buf))
+
+    def remove(self, row: int) -> "FIRWindow":
+        return FIRWindow(_swap_remove(self.buf, row))
+
+    @staticmethod
+    def cat(parts: Sequence["FIRWindow"]) -> "FIRWindow":
+        return FIRWindow(torch.cat([p.buf for p in parts]))
+
 
 @dataclass
 class FIRPending:
     """A widened buffer from `extend`; the window after j tokens is the slice ending at column j."""
 
-    widened: Tensor
+    widened: Tensor  # (B, C, K-1+k)
     width: int  # K - 1
 
-    def commit(self, j: int) -> FIRWindow:
-        w = self.widened[..., j: j + self.width]
-        # a view for verification blocks; a copy when a long (prefill) buffer would stay pinned
-        return FIRWindow(w.clone() if self.widened.shape[-1] > 2 * self.width + 64 else w)
+    def commit(self, j: Lengths) -> FIRWindow:
+        if _uniform(j):
+            w = self.widened[..., j[0]: j[0] + self.width]
+            # a view for verification blocks; a copy when a long (prefill) buffer would stay pinned
+            return FIRWindow(w.clone() if self.widened.shape[-1] > 2 * self.width + 64 else w)
+        B, C, _ = self.widened.shape
+        cols = _index(j, self.widened.device)[:, None] + torch.arange(self.width,
+                                                                    device=self.widened.device)
+        return FIRWindow(self.widened.gather(-1, cols[:, None, :].expand(B, C, self.width)))
+
+    def outputs(self) -> list[Tensor]:
+        return [self.widened]
 
 
 # --------------------------------------------------------------------------------------- modal
@@ -64,9 +147,32 @@ class ModalState:
     """Hyena-LI modal state sigma (B, D, S), fp32: sigma_t = p * sigma_{t-1} + w_t per mode."""
 
     sigma: Tensor
+    label = "iir_modal"
 
     def clone(self) -> "ModalState":
         return ModalState(self.sigma.clone())
+
+    def fixed(self) -> list[Tensor]:
+        return [self.sigma]
+
+    def with_fixed(self, it: Iterator[Tensor]) -> "ModalState":
+        return ModalState(next(it))
+
+    def pending_from(self, it: Iterator[Tensor]) -> "ModalPending":
+        return ModalPending(next(it), None, None, None)
+
+    def select(self, rows: Sequence[int]) -> "ModalState":
+        return ModalState(self.sigma.index_select(0, _index(rows, self.sigma.device)))
+
+    def place(self, slots: Sequence[int], other: "ModalState") -> "ModalState":
+        return ModalState(_put_rows(self.sigma, slots, other.sigma))
+
+    def remove(self, row: int) -> "ModalState":
+        return ModalState(_swap_remove(self.sigma, row))
+
+    @staticmethod
+    def cat(parts: Sequence["ModalState"]) -> "ModalState":
+        return ModalState(torch.cat([p.sigma for p in parts]))
 
 
 @dataclass
@@ -74,8 +180,8 @@ class ModalPending:
     """The per-position modal states of a block.
 
     Short blocks (verification) compute all sigma_1..sigma_k in `extend` because the outputs need
-    them; commit(j) picks one. Long blocks (prefill chunks) produce outputs by FFT and keep the
-    block inputs w, so commit(j) forms sigma_j = p^j sigma_0 + sum_{i<=j} p^{j-i} w_i directly.
+    them; commit(j) picks one per row. Long blocks (prefill chunks) produce outputs by FFT and
+    keep the block inputs w, so commit(j) forms sigma_j = p^j sigma_0 + sum_{i<=j} p^{j-i} w_i.
     """
 
     sigmas: Tensor | None  # (B, D, S, k)
@@ -83,11 +189,22 @@ class ModalPending:
     w: Tensor | None  # (B, D, k) fp32
     log_poles: Tensor | None  # (D, S) fp32
 
-    def commit(self, j: int) -> ModalState:
+    def commit(self, j: Lengths) -> ModalState:
         if self.sigmas is not None:
-            return ModalState(self.sigmas[..., j - 1])
+            if _uniform(j):
+                return ModalState(self.sigmas[..., j[0] - 1])
+            rows = torch.arange(len(j), device=self.sigmas.device)
+            return ModalState(self.sigmas[rows, :, :, _index(j, self.sigmas.device) - 1])
         assert self.w is not None and self.log_poles is not None and self.sigma0 is not None
-        return ModalState(modal_state_after(self.sigma0, self.w[..., :j], self.log_poles))
+        if _uniform(j):
+            return ModalState(modal_state_after(self.sigma0, self.w[..., : j[0]], self.log_poles))
+        return ModalState(torch.cat([
+            modal_state_after(self.sigma0[b: b + 1], self.w[b: b + 1, :, :jb], self.log_poles)
+            for b, jb in enumerate(j)]))
+
+    def outputs(self) -> list[Tensor]:
+        assert self.sigmas is not None, "short blocks keep per-position modal states"
+        return [self.sigmas]
 
 
 def modal_state_after(sigma0: Tensor, w: Tensor, log_poles: Tensor, chunk: int = 2048) -> Tensor:
@@ -110,14 +227,19 @@ class StaleBlockError(RuntimeError):
     """A block or state whose KV rows a later extend (of another branch) overwrote."""
 
 
+NOT_WRITTEN = 1 << 62  # a write's start for a row it did not touch
+WRITE_HISTORY = 4096  # writes remembered for staleness checks (older states count as stale)
+
+
 class KVCache:
     """Preallocated rotated keys and values (B, H, capacity, d_h), grown by doubling.
 
     Head-major so that each head's live rows are one contiguous slab: a decode step's attention
     streams them once (2.8x faster at 262k context on CPU than a (B, L, H, d_h) layout).
 
-    Rows below a state's length belong to that state; rows above are scratch. `version` counts
-    writes so that a block whose rows were overwritten by a later extend cannot be committed.
+    Rows below a row's length belong to the states of that length; rows above are scratch.
+    `version` counts writes and `starts` remembers, per write, the first position written in each
+    row, so that a block or state whose rows a later write overwrote cannot be used.
     """
 
     def __init__(self, batch: int, capacity: int, heads: int, head_dim: int, dtype: torch.dtype,
@@ -125,13 +247,18 @@ class KVCache:
         self.k = torch.zeros(batch, heads, capacity, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.version = 0
-        self.write_starts: list[int] = []  # first row of each write, by version - 1
+        self.starts: deque[Lengths] = deque(maxlen=WRITE_HISTORY)  # by version - 1 (recent ones)
 
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
 
+    @property
+    def batch(self) -> int:
+        return self.k.shape[0]
+
     def ensure(self, n: int) -> None:
+        """Room for positions 0..n-1 in every row (doubling, so growth is amortised)."""
         if n <= self.capacity:
             return
         cap = max(n, 2 * self.capacity)
@@ -141,59 +268,171 @@ class KVCache:
             new[:, :, : old.shape[2]] = old
             setattr(self, name, new)
 
-    def write(self, t0: int, k: Tensor, v: Tensor) -> int:
-        """Store rows t0..t0+n-1 of k, v (B, H, n, d_h) and return the new version."""
+    def write(self, t0: Lengths, k: Tensor, v: Tensor) -> int:
+        """Store k, v (B, H, n, d_h) at rows t0[b]..t0[b]+n-1 of each row; the new version."""
         n = k.shape[2]
-        self.ensure(t0 + n)
-        self.k[:, :, t0: t0 + n] = k
-        self.v[:, :, t0: t0 + n] = v
+        self.ensure(max(t0) + n)
+        if _uniform(t0):
+            self.k[:, :, t0[0]: t0[0] + n] = k
+            self.v[:, :, t0[0]: t0[0] + n] = v
+        else:
+            b, pos = positions_index(t0, n, k.device)
+            self.k[b, :, pos] = k.transpose(1, 2)
+            self.v[b, :, pos] = v.transpose(1, 2)
         return self.note_write(t0)
 
-    def note_write(self, t0: int) -> int:
-        """Record that rows from t0 up were (re)written; returns the new version."""
+    def note_write(self, t0: Lengths) -> int:
+        """Record that each row b was (re)written from t0[b] up; returns the new version."""
         self.version += 1
-        self.write_starts.append(t0)
+        self.starts.append(tuple(t0))
         return self.version
 
-    def intact(self, length: int, since: int) -> bool:
-        """True when no write after version `since` touched rows below `length`."""
-        later = self.write_starts[since:]
-        return not later or min(later) >= length
+    def intact(self, lengths: Lengths, since: int) -> bool:
+        """True when no write after version `since` touched a row below its length."""
+        later = self.version - since
+        if later == 0:
+            return True
+        if later > len(self.starts):
+            return False  # older than the history kept: cannot vouch for it
+        recent = list(self.starts)[len(self.starts) - later:]
+        return all(s >= n for starts in recent for s, n in zip(starts, lengths))
 
-    def copy(self, length: int) -> "KVCache":
+    def copy(self, rows: Sequence[int], lengths: Lengths, capacity: int | None = None
+             ) -> "KVCache":
+        """A new cache holding `rows` of this one (repeats allowed) up to their lengths."""
+        cap = max(capacity or self.capacity, max(lengths, default=0))
         c = KVCache.__new__(KVCache)
-        c.k, c.v, c.version, c.write_starts = self.k.clone(), self.v.clone(), 0, []
-        c.k[:, :, length:] = 0
-        c.v[:, :, length:] = 0
+        c.version, c.starts = 0, deque(maxlen=WRITE_HISTORY)
+        idx = _index(rows, self.k.device)
+        keep = min(max(lengths, default=0), self.capacity)
+        for name in ("k", "v"):
+            src = getattr(self, name)
+            new = src.new_zeros(len(rows), src.shape[1], cap, src.shape[3])
+            new[:, :, :keep] = src.index_select(0, idx)[:, :, :keep]
+            for b, n in enumerate(lengths):  # scratch of a copied row: zero, like a new cache
+                new[b, :, n:keep] = 0
+            setattr(c, name, new)
         return c
+
+    def put(self, slots: Sequence[int], src: "KVCache", lengths: Lengths) -> None:
+        """Write src's rows 0.. (up to `lengths`) into rows `slots` of this cache, in place."""
+        self.ensure(max(lengths, default=0))
+        for slot, b, n in zip(slots, range(src.batch), lengths):
+            self.k[slot, :, :n] = src.k[b, :, :n]
+            self.v[slot, :, :n] = src.v[b, :, :n]
+        starts = [NOT_WRITTEN] * self.batch
+        for slot in slots:
+            starts[slot] = 0
+        self.note_write(tuple(starts))
+
+    def remove(self, row: int, length_of_last: int) -> "KVCache":
+        """This cache without `row`: the last row's first `length_of_last` positions move into
+        its place, in place, and the result views the first B-1 rows of the same storage."""
+        last = self.batch - 1
+        if row != last:
+            self.k[row, :, :length_of_last] = self.k[last, :, :length_of_last]
+            self.v[row, :, :length_of_last] = self.v[last, :, :length_of_last]
+        self.note_write((0,) * self.batch)  # every earlier state of this cache is now stale
+        c = KVCache.__new__(KVCache)
+        c.k, c.v = self.k[:last], self.v[:last]
+        c.version, c.starts = 0, deque(maxlen=WRITE_HISTORY)
+        return c
+
+
+def positions_index(t0: Lengths, k: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(rows (B, 1), positions (B, k)) indexing positions t0[b]..t0[b]+k-1 of each row."""
+    start = _index(t0, device)
+    return (torch.arange(len(t0), device=device)[:, None],
+            start[:, None] + torch.arange(k, device=device))
 
 
 @dataclass(frozen=True)
 class KVState:
     cache: KVCache
-    length: int
+    lengths: Lengths
     version: int = 0  # cache version when this state was made
 
     def clone(self) -> "KVState":
-        return KVState(self.cache.copy(self.length), self.length, 0)
+        return KVState(self.cache.copy(range(self.cache.batch), self.lengths), self.lengths, 0)
 
     def check(self) -> None:
         """Refuse a state whose rows a sibling branch has overwritten since it was committed."""
-        if not self.cache.intact(self.length, self.version):
+        if not self.cache.intact(self.lengths, self.version):
             raise StaleBlockError("this state's KV rows were overwritten by another branch; "
                                   "extend a clone() to explore several branches")
+
+    def fixed(self) -> list[Tensor]:
+        return []
+
+    def with_fixed(self, it: Iterator[Tensor]) -> "KVState":
+        return self
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.cache.k[0, :, 0].numel() * self.cache.k.element_size()
+
+    def caches(self) -> list[KVCache]:
+        return [self.cache]
+
+    def pending_from(self, it: Iterator[Tensor], t0: Lengths) -> "KVPending":
+        """A replayed graph wrote rows t0.. of this cache: its pending, with the books kept."""
+        return KVPending(self.cache, t0, self.cache.note_write(t0))
+
+    def named(self, name: str) -> dict[str, Tensor]:
+        """Keys and values up to the lengths in vortex's cache layout (B, L, H, d_h); rows at
+        different positions padded with zeros."""
+        n = max(self.lengths)
+        k, v = self.cache.k[:, :, :n], self.cache.v[:, :, :n]
+        if not _uniform(self.lengths):
+            keep = torch.arange(n, device=k.device)[None, :] < _index(self.lengths, k.device)[:, None]
+            k, v = k * keep[:, None, :, None], v * keep[:, None, :, None]
+        return {f"{name}.k": k.transpose(1, 2), f"{name}.v": v.transpose(1, 2)}
+
+    def select(self, rows: Sequence[int]) -> "KVState":
+        lengths = tuple(self.lengths[r] for r in rows)
+        return KVState(self.cache.copy(rows, lengths), lengths, 0)
+
+    def place(self, slots: Sequence[int], other: "KVState") -> "KVState":
+        self.cache.put(slots, other.cache, other.lengths)
+        lengths = list(self.lengths)
+        for slot, n in zip(slots, other.lengths):
+            lengths[slot] = n
+        return KVState(self.cache, tuple(lengths), self.cache.version)
+
+    def remove(self, row: int) -> "KVState":
+        lengths = list(self.lengths)
+        last = lengths.pop()
+        if row < len(lengths):
+            lengths[row] = last
+        return KVState(self.cache.remove(row, last), tuple(lengths), 0)
+
+    @staticmethod
+    def cat(parts: Sequence["KVState"]) -> "KVState":
+        caps = max(p.cache.capacity for p in parts)
+        first = parts[0].cache
+        cache = KVCache(sum(p.cache.batch for p in parts), caps, first.k.shape[1],
+                        first.k.shape[3], first.k.dtype, first.k.device)
+        row = 0
+        for p in parts:
+            for b, n in enumerate(p.lengths):
+                cache.k[row, :, :n] = p.cache.k[b, :, :n]
+                cache.v[row, :, :n] = p.cache.v[b, :, :n]
+                row += 1
+        return KVState(cache, tuple(n for p in parts for n in p.lengths), 0)
 
 
 @dataclass
 class KVPending:
     cache: KVCache
-    t0: int
+    t0: Lengths
     version: int
 
-    def commit(self, j: int) -> KVState:
+    def commit(self, j: Lengths) -> KVState:
         if self.cache.version != self.version:
             raise StaleBlockError("this block's KV rows were overwritten by a later extend")
-        return KVState(self.cache, self.t0 + j, self.version)
+        return KVState(self.cache, tuple(t + n for t, n in zip(self.t0, j)), self.version)
+
+    def outputs(self) -> list[Tensor]:
+        return []
 
 
 # ------------------------------------------------------------------------------- whole model
@@ -207,58 +446,175 @@ class HyenaState:
     def clone(self) -> "HyenaState":
         return HyenaState(self.feat.clone(), self.inner.clone())
 
+    def fixed(self) -> list[Tensor]:
+        return self.feat.fixed() + self.inner.fixed()
+
+    def with_fixed(self, it: Iterator[Tensor]) -> "HyenaState":
+        return HyenaState(self.feat.with_fixed(it), self.inner.with_fixed(it))
+
+    def check(self) -> None:
+        pass
+
+    def kv_bytes_per_token(self) -> int:
+        return 0
+
+    def caches(self) -> list[KVCache]:
+        return []
+
+    def pending_from(self, it: Iterator[Tensor], t0: Lengths) -> "HyenaPending":
+        return HyenaPending(self.feat.pending_from(it), self.inner.pending_from(it))
+
+    def named(self, name: str) -> dict[str, Tensor]:
+        return {f"{name}.featurizer_fir": self.feat.fixed()[0],
+                f"{name}.{self.inner.label}": self.inner.fixed()[0]}
+
+    def select(self, rows: Sequence[int]) -> "HyenaState":
+        return HyenaState(self.feat.select(rows), self.inner.select(rows))
+
+    def place(self, slots: Sequence[int], other: "HyenaState") -> "HyenaState":
+        return HyenaState(self.feat.place(slots, other.feat),
+                          self.inner.place(slots, other.inner))  # type: ignore[arg-type]
+
+    def remove(self, row: int) -> "HyenaState":
+        return HyenaState(self.feat.remove(row), self.inner.remove(row))
+
+    @staticmethod
+    def cat(parts: Sequence["HyenaState"]) -> "HyenaState":
+        inner = type(parts[0].inner).cat([p.inner for p in parts])  # type: ignore[arg-type]
+        return HyenaState(FIRWindow.cat([p.feat for p in parts]), inner)
+
 
 @dataclass
 class HyenaPending:
     feat: FIRPending
     inner: Union[FIRPending, ModalPending]
 
-    def commit(self, j: int) -> HyenaState:
+    def commit(self, j: Lengths) -> HyenaState:
         return HyenaState(self.feat.commit(j), self.inner.commit(j))
 
+    def outputs(self) -> list[Tensor]:
+        return self.feat.outputs() + self.inner.outputs()
 
-LayerState = Union[HyenaState, KVState]
-LayerPending = Union[HyenaPending, KVPending]
+
+class LayerState(Protocol):
+    """What every layer's state offers (FIR/modal `HyenaState`, attention `KVState`)."""
+
+    def clone(self) -> "LayerState": ...
+    def check(self) -> None: ...
+    def fixed(self) -> list[Tensor]: ...  # fixed-size tensors (windows, modal states), in order
+    def with_fixed(self, it: Iterator[Tensor]) -> "LayerState": ...
+    def select(self, rows: Sequence[int]) -> "LayerState": ...
+    def place(self, slots: Sequence[int], other) -> "LayerState": ...
+    def remove(self, row: int) -> "LayerState": ...
+    def kv_bytes_per_token(self) -> int: ...
+    def caches(self) -> list[KVCache]: ...
+    def pending_from(self, it: Iterator[Tensor], t0: Lengths) -> "LayerPending": ...
+    def named(self, name: str) -> dict[str, Tensor]: ...  # live tensors by checkpoint-style name
+
+
+class LayerPending(Protocol):
+    def commit(self, j: Lengths) -> LayerState: ...
+    def outputs(self) -> list[Tensor]: ...  # per-position tensors of the pass (none for KV)
 
 
 @dataclass(frozen=True)
 class InferenceState:
-    """Everything a sequence needs to continue: one entry per layer and the position."""
+    """Everything a batch of sequences needs to continue: one entry per layer, a length per row."""
 
     layers: tuple[LayerState, ...]
-    seqlen: int
+    lengths: Lengths
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def seqlen(self) -> int:
+        """The position of every row (rows at different positions: use `lengths`)."""
+        if not _uniform(self.lengths):
+            raise ValueError(f"rows are at different positions {self.lengths}; use .lengths")
+        return self.lengths[0]
+
+    def check(self) -> None:
+        """Raise StaleBlockError when a later write overwrote rows this state still needs."""
+        for s in self.layers:
+            s.check()
 
     def clone(self) -> "InferenceState":
-        """An independent deep copy (used only by the snapshot-and-replay baseline)."""
-        return InferenceState(tuple(s.clone() for s in self.layers), self.seqlen)
+        """An independent deep copy (the snapshot-and-replay baseline)."""
+        return InferenceState(tuple(s.clone() for s in self.layers), self.lengths)
+
+    def fixed(self) -> list[Tensor]:
+        """The fixed-size tensors of every layer (what a recorded graph copies in), in order."""
+        return [t for s in self.layers for t in s.fixed()]
+
+    def caches(self) -> list[KVCache]:
+        """The KV caches of the attention layers, in layer order."""
+        return [c for s in self.layers for c in s.caches()]
+
+    def block_from(self, outputs: Sequence[Tensor], k: int) -> "Block":
+        """The block of an `extend(k)` from this state that a replayed graph (or compiled form)
+        computed: `outputs` are its per-position tensors in `Block.outputs()` order."""
+        it = iter(outputs)
+        pendings = tuple(s.pending_from(it, self.lengths) for s in self.layers)
+        return Block(pendings, self.lengths, k)
+
+    def with_fixed(self, tensors: Sequence[Tensor], lengths: Lengths | None = None
+                   ) -> "InferenceState":
+        """The same state with its fixed-size tensors replaced by `tensors` (KV caches shared)."""
+        it = iter(tensors)
+        return InferenceState(tuple(s.with_fixed(it) for s in self.layers),
+                              self.lengths if lengths is None else lengths)
+
+    def select(self, rows: Sequence[int]) -> "InferenceState":
+        """A new state of the given rows, in order (repeats fork a row: K samples of a prompt)."""
+        if not rows:
+            raise ValueError("select needs at least one row")
+        return InferenceState(tuple(s.select(rows) for s in self.layers),
+                              tuple(self.lengths[r] for r in rows))
+
+    def place(self, slots: Sequence[int], other: "InferenceState") -> "InferenceState":
+        """Put `other`'s rows into rows `slots` of this batch (KV caches written in place: this
+        state is stale afterwards, the rows not in `slots` keep their values)."""
+        if len(slots) != other.batch:
+            raise ValueError(f"place: {len(slots)} slots for {other.batch} rows")
+        lengths = list(self.lengths)
+        for slot, n in zip(slots, other.lengths):
+            lengths[slot] = n
+        return InferenceState(tuple(s.place(slots, o) for s, o in zip(self.layers, other.layers)),
+                              tuple(lengths))
+
+    def remove(self, row: int) -> "InferenceState":
+        """This batch without `row`; the last row moves into its place (KV moved in place: this
+        state is stale afterwards)."""
+        if not 0 <= row < self.batch or self.batch == 1:
+            raise ValueError(f"remove({row}) from a batch of {self.batch}")
+        lengths = list(self.lengths)
+        last = lengths.pop()
+        if row < len(lengths):
+            lengths[row] = last
+        return InferenceState(tuple(s.remove(row) for s in self.layers), tuple(lengths))
+
+    @staticmethod
+    def cat(states: Sequence["InferenceState"]) -> "InferenceState":
+        """One batch of all rows of `states`, in order (new KV caches)."""
+        layers = tuple(type(parts[0]).cat(parts)  # type: ignore[attr-defined]
+                       for parts in zip(*(s.layers for s in states)))
+        return InferenceState(layers, tuple(n for s in states for n in s.lengths))
 
     def tensors(self) -> dict[str, Tensor]:
-        """Named live tensors, e.g. for tests and byte counts (KV truncated to the length)."""
+        """Named live tensors, e.g. for tests and byte counts (KV truncated to the lengths;
+        rows at different positions are padded with zeros)."""
         out: dict[str, Tensor] = {}
         for i, s in enumerate(self.layers):
-            if isinstance(s, HyenaState):
-                out[f"layer{i}.featurizer_fir"] = s.feat.buf
-                if isinstance(s.inner, ModalState):
-                    out[f"layer{i}.iir_modal"] = s.inner.sigma
-                else:
-                    out[f"layer{i}.inner_fir"] = s.inner.buf
-            else:  # (B, L, H, d_h), the layout of vortex's cache
-                out[f"layer{i}.k"] = s.cache.k[:, :, : s.length].transpose(1, 2)
-                out[f"layer{i}.v"] = s.cache.v[:, :, : s.length].transpose(1, 2)
+            out.update(s.named(f"layer{i}"))
         return out
 
     def nbytes(self) -> dict[str, int]:
         """Fixed bytes (FIR windows + modal states) and KV bytes per token, per sequence."""
-        fixed = kv_per_token = 0
-        for s in self.layers:
-            if isinstance(s, HyenaState):
-                fixed += s.feat.buf[0].numel() * s.feat.buf.element_size()
-                t = s.inner.sigma if isinstance(s.inner, ModalState) else s.inner.buf
-                fixed += t[0].numel() * t.element_size()
-            else:
-                kv_per_token += 2 * s.cache.k[0, :, 0].numel() * s.cache.k.element_size()
-        return {"fixed": fixed, "kv_per_token": kv_per_token,
-                "total": fixed + kv_per_token * self.seqlen}
+        fixed = sum(t[0].numel() * t.element_size() for t in self.fixed())
+        kv = sum(s.kv_bytes_per_token() for s in self.layers)
+        return {"fixed": fixed, "kv_per_token": kv, "total": fixed + kv * max(self.lengths)}
 
 
 @dataclass
@@ -266,11 +622,26 @@ class Block:
     """The result of extending a state by k tokens; `commit(j)` is the rollback."""
 
     pendings: tuple[LayerPending, ...]
-    seqlen0: int
+    lengths0: Lengths
     k: int
 
-    def commit(self, j: int) -> InferenceState:
-        """The state after the first j tokens of the block (1 <= j <= k), by slicing only."""
-        if not 1 <= j <= self.k:
-            raise ValueError(f"commit({j}) outside 1..{self.k}")
-        return InferenceState(tuple(p.commit(j) for p in self.pendings), self.seqlen0 + j)
+    @property
+    def seqlen0(self) -> int:
+        """The position of every row before the block (rows at different positions: lengths0)."""
+        if not _uniform(self.lengths0):
+            raise ValueError(f"rows are at different positions {self.lengths0}; use .lengths0")
+        return self.lengths0[0]
+
+    def commit(self, j: RowCommit) -> InferenceState:
+        """The state after the first j tokens of the block (1 <= j <= k; one j for every row or
+        one per row), by slicing only."""
+        js = as_lengths(j, len(self.lengths0))
+        bad = next((x for x in js if not 1 <= x <= self.k), None)
+        if bad is not None:
+            raise ValueError(f"commit({bad}) outside 1..{self.k}")
+        return InferenceState(tuple(p.commit(js) for p in self.pendings),
+                              tuple(t + n for t, n in zip(self.lengths0, js)))
+
+    def outputs(self) -> list[Tensor]:
+        """The per-position tensors of every layer (what a recorded graph produces), in order."""
+        return [t for p in self.pendings for t in p.outputs()]
