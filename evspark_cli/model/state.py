@@ -279,7 +279,19 @@ class KVCache:
             b, pos = positions_index(t0, n, k.device)
             self.k[b, :, pos] = k.transpose(1, 2)
             self.v[b, :, pos] = v.transpose(1, 2)
+            self._clear_past_blocks(t0, n)
         return self.note_write(t0)
+
+    def _clear_past_blocks(self, t0: Lengths, n: int) -> None:
+        """Zero each row's positions from the end of its block up to the end of the furthest
+        row's: attention over rows at different positions reads them with weight exactly 0,
+        and 0 * (finite) is 0 where leftover NaN or inf (a failed row's) would not be. They are
+        scratch of this write (no state of this or a later version may hold them)."""
+        lo, hi = min(t0) + n, max(t0) + n
+        past = torch.arange(lo, hi, device=self.k.device)[None, :] >= (
+            _index(t0, self.k.device)[:, None] + n)  # (B, hi - lo)
+        self.k[:, :, lo:hi].masked_fill_(past[:, None, :, None], 0)
+        self.v[:, :, lo:hi].masked_fill_(past[:, None, :, None], 0)
 
     def note_write(self, t0: Lengths) -> int:
         """Record that each row b was (re)written from t0[b] up; returns the new version."""
@@ -320,6 +332,8 @@ class KVCache:
         for slot, b, n in zip(slots, range(src.batch), lengths):
             self.k[slot, :, :n] = src.k[b, :, :n]
             self.v[slot, :, :n] = src.v[b, :, :n]
+            self.k[slot, :, n:] = 0  # the previous row's leftovers: zero, like a new cache
+            self.v[slot, :, n:] = 0
         starts = [NOT_WRITTEN] * self.batch
         for slot in slots:
             starts[slot] = 0
@@ -330,8 +344,11 @@ class KVCache:
         its place, in place, and the result views the first B-1 rows of the same storage."""
         last = self.batch - 1
         if row != last:
-            self.k[row, :, :length_of_last] = self.k[last, :, :length_of_last]
-            self.v[row, :, :length_of_last] = self.v[last, :, :length_of_last]
+            n = length_of_last
+            self.k[row, :, :n] = self.k[last, :, :n]
+            self.v[row, :, :n] = self.v[last, :, :n]
+            self.k[row, :, n:] = 0
+            self.v[row, :, n:] = 0
         self.note_write((0,) * self.batch)  # every earlier state of this cache is now stale
         c = KVCache.__new__(KVCache)
         c.k, c.v = self.k[:last], self.v[:last]
