@@ -37,7 +37,7 @@ def main() -> None:
         acc = rounds = 0
         for i, p in enumerate(prompts):
             r = decode_speculative(model, list(p.seq.encode()), a.n, SamplerConfig(1.0, 4, 1.0), d,
-                                   a.gamma, RngKey(7, i, 0), hidden_prefix=d.prefix_len)
+                                   a.gamma, RngKey(7, i, 0))
             acc += sum(r.accepted)
             rounds += r.rounds
         tr = d.cfg.training

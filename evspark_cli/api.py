@@ -137,7 +137,7 @@ def generate(model: StripedHyena, prompt: str | list[int], max_new_tokens: int =
         res = native or decode_native(model, ids, max_new_tokens, sampler, rng, label=record_id)
     else:
         res = decode_speculative(model, ids, max_new_tokens, sampler, d, gamma, rng, rollback,
-                                 label=record_id, hidden_prefix=d.prefix_len)
+                                 label=record_id)
     stats = make_stats(record_id, sample, len(ids), res, drafter_name(d), gamma,
                        native if d is not None else None)
     return GenerateOutput(res.tokens, detokenize(res.tokens), stats, res, native)

@@ -427,7 +427,7 @@ def verify(
             rng = RngKey(0, _record_key(p.id), 0)
             nat = decode_native(model, ids, max_new_tokens, greedy, rng, p.id, track_margins=True)
             spec = decode_speculative(model, ids, max_new_tokens, greedy, d, gamma, rng, rollback,
-                                      p.id, hidden_prefix=d.prefix_len)
+                                      p.id)
             row = compare_greedy(p.id, nat, spec, tie_tolerance)
             rows.append(row)
             prog.advance(task)

@@ -251,23 +251,28 @@ def test_verify_cli_passes(trained_dir, tmp_path, monkeypatch, capsys, rollback)
 
 
 def _plant_commit_one_too_many(monkeypatch):
-    from evspark_cli.model.state import Block
+    from evspark_cli.model.state import Block, as_lengths
 
     orig = Block.commit
-    monkeypatch.setattr(Block, "commit", lambda self, j: orig(self, j + 1 if j < self.k else j))
+
+    def commit(self, j):
+        js = as_lengths(j, len(self.lengths0))
+        return orig(self, [x + 1 if x < self.k else x for x in js])
+
+    monkeypatch.setattr(Block, "commit", commit)
 
 
 def _plant_accept_everything(monkeypatch):
-    import evspark_cli.decode.speculative as speculative
+    import evspark_cli.decode.batch as batch
 
-    orig = speculative.decide
+    orig = batch.decide_rows
 
-    def accept_all(p, q, drafts, u):
-        _, _ = orig(p, q, drafts, u)
-        g = drafts.shape[0]
-        return torch.tensor(g), p[g].to(torch.float64)
+    def accept_all(p, q, drafts, u, gammas):
+        orig(p, q, drafts, u, gammas)
+        g = torch.tensor(gammas)
+        return g, p[torch.arange(len(gammas)), g].to(torch.float64)
 
-    monkeypatch.setattr(speculative, "decide", accept_all)
+    monkeypatch.setattr(batch, "decide_rows", accept_all)
 
 
 @pytest.mark.parametrize("plant", [_plant_commit_one_too_many, _plant_accept_everything],

@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import PHIX, phix_genome, random_tiny_dir, tiny_config, trained_tiny_dir  # noqa: E402
 
-from evspark_cli.decode.drafters.base import DraftContext, RngKey  # noqa: E402
+from evspark_cli.decode.batch import BatchDecoder, Job  # noqa: E402
+from evspark_cli.decode.drafters.base import DraftContext, Proposal, RngKey  # noqa: E402
 from evspark_cli.decode.drafters.dspark import (  # noqa: E402
     DSparkConfig, DSparkDrafter, DSparkNet, load_drafter, save_drafter)
 from evspark_cli.decode.native import decode_native, start  # noqa: E402
@@ -97,20 +98,37 @@ def ids(s: str) -> list[int]:
     return list(s.encode())
 
 
+class OneRow:
+    """A drafter's memory of one row (a batch of one), with single-row calls for the tests."""
+
+    def __init__(self, drafter: DSparkDrafter, ctx: DraftContext) -> None:
+        self.rows = drafter.rows([ctx])
+        self.ctx = ctx
+
+    def propose(self, state, anchor: int, gamma: int):
+        return Proposal(*(t[None] for t in self.rows.propose(state, [anchor], [gamma]).row(0, gamma)))
+
+    @property
+    def buf(self):
+        return self.rows.buf
+
+    @property
+    def valid(self):
+        return self.rows.valid
+
+
 def begin(drafter: DSparkDrafter, model, prompt: list[int], sampler: SamplerConfig, rng: RngKey):
-    """Prefill like the decoders do and start the drafter; returns (state, anchor)."""
+    """Prefill like the decoders do and start the drafter; returns (row memory, state, anchor)."""
     state, anchor, hidden = start(model, prompt, reserve=64, keep_hidden=drafter.prefix_len)
-    drafter.begin(DraftContext(model, list(prompt), sampler, rng, hidden))
-    return state, anchor
+    return OneRow(drafter, DraftContext(model, list(prompt), sampler, rng, hidden)), state, anchor
 
 
 def restarter(drafter: DSparkDrafter, model, prompt: list[int], sampler: SamplerConfig):
-    """Prefill once; restart(rng) begins the drafter on that prefill with another RNG key."""
+    """Prefill once; restart(rng) starts the drafter's row on that prefill with another RNG key."""
     state, anchor, hidden = start(model, prompt, reserve=64, keep_hidden=drafter.prefix_len)
 
     def restart(rng: RngKey):
-        drafter.begin(DraftContext(model, list(prompt), sampler, rng, hidden))
-        return state, anchor
+        return OneRow(drafter, DraftContext(model, list(prompt), sampler, rng, hidden)), state, anchor
 
     return restart
 
@@ -159,8 +177,9 @@ def test_q_is_the_law_the_drafts_are_drawn_from(target, genome, sampler):
     pairs: Counter = Counter()
     restart = restarter(d, target, prompt, sampler)
     for s in range(n):
-        state, anchor = restart(RngKey(s, 11, 0))
-        prop = d.propose(state, anchor, 2)
+        row, state, anchor = restart(RngKey(s, 11, 0))
+        prop = row.propose(state, anchor, 2)
+        prop = Proposal(prop.drafts[0], prop.q[0])
         assert prop.q.shape == (2, target.config.vocab_size) and prop.q.dtype == torch.float32
         d1, d2 = (int(x) for x in prop.drafts)
         # (6) no mass outside the alphabet, rows are distributions, drafts have positive q
@@ -203,18 +222,18 @@ def test_chi_square_check_detects_a_wrong_q(target, genome):
     d = DSparkDrafter(random_net(1))
     sampler = SamplerConfig(1.0, 0, 1.0)
     prompt = ids(genome[200:240])
-    state, anchor = begin(d, target, prompt, sampler, RngKey(0, 11, 0))
+    row, state, anchor = begin(d, target, prompt, sampler, RngKey(0, 11, 0))
     net = d.net
     with torch.no_grad():
-        U = net.base_logits(net.condition(d.buf), d.valid, torch.tensor([anchor]), 2)[0]
+        U = net.base_logits(net.condition(row.buf), row.valid, torch.tensor([anchor]), 2)[0]
     wrong = torch.softmax(U[1].double(), -1)  # q_2 without the Markov correction
     pairs: Counter = Counter()
     n = 1500
     restart = restarter(d, target, prompt, sampler)
     for s in range(n):
-        state, anchor = restart(RngKey(s, 11, 0))
-        prop = d.propose(state, anchor, 2)
-        pairs[DNA.index(int(prop.drafts[1]))] += 1
+        row, state, anchor = restart(RngKey(s, 11, 0))
+        prop = row.propose(state, anchor, 2)
+        pairs[DNA.index(int(prop.drafts[0, 1]))] += 1
     # the true marginal of d_2 is sum_a q_1(a) q_2(.|a); the uncorrected one must be rejected
     assert chi2_pvalue([pairs[i] for i in range(4)], [n * float(w) for w in wrong]) < 1e-4
 
@@ -290,9 +309,9 @@ def test_save_load_round_trip_gives_identical_q(tmp_path, target, genome):
     a, b = DSparkDrafter(net), back
     for prompt in (ids(genome[10:50]), ids(genome[3:4])):
         for s in range(3):
-            sa, xa = begin(a, target, prompt, sampler, RngKey(s, 2, 0))
-            sb, xb = begin(b, target, prompt, sampler, RngKey(s, 2, 0))
-            pa, pb = a.propose(sa, xa, 6), b.propose(sb, xb, 6)
+            ra, sa, xa = begin(a, target, prompt, sampler, RngKey(s, 2, 0))
+            rb, sb, xb = begin(b, target, prompt, sampler, RngKey(s, 2, 0))
+            pa, pb = ra.propose(sa, xa, 6), rb.propose(sb, xb, 6)
             assert torch.equal(pa.drafts, pb.drafts) and torch.equal(pa.q, pb.q)
 
 
@@ -403,13 +422,13 @@ def test_greedy_speculative_decoding_equals_native(target, distilled, genome):
             for gamma in (1, 3, 8):
                 for rollback in (("slice", "replay") if gamma == 3 else ("slice",)):
                     spec = decode_speculative(target, prompt, 24, GREEDY, d, gamma, RngKey(0),
-                                              rollback, hidden_prefix=d.prefix_len)
+                                              rollback)
                     assert spec.tokens == nat.tokens, (name, len(text), gamma, rollback)
                     accepted += sum(spec.accepted)
                     rejected += sum(g - a for a, g in zip(spec.accepted, spec.proposed))
         # short prompts: the drafter starts with only len - 1 valid prefix rows
-        state, anchor = begin(drafters["random"], target, prompt, GREEDY, RngKey(0))
-        assert int(drafters["random"].valid.sum()) == min(P, len(prompt) - 1)
+        row, state, anchor = begin(drafters["random"], target, prompt, GREEDY, RngKey(0))
+        assert int(row.valid.sum()) == min(P, len(prompt) - 1)
     assert accepted > 0 and rejected > 0  # both the accept and the rollback paths ran
 
 
@@ -420,14 +439,15 @@ def test_prefix_holds_the_targets_hidden_states_of_committed_positions(target, d
     positions (prompt + emitted tokens, the final anchor excluded), taken from verification."""
     for text in (genome[300:302], genome[300:340]):
         prompt = ids(text)
-        spec = decode_speculative(target, prompt, 30, sampler, distilled, 5, RngKey(3),
-                                  hidden_prefix=distilled.prefix_len)
+        decoder = BatchDecoder(target, sampler, distilled, 5)
+        # the outcome comes out of the last round before its row leaves the batch
+        spec = next(iter(decoder.run([Job(0, tuple(prompt), 30, RngKey(3))]))).result
         committed = prompt + spec.tokens[:-1]
         with torch.no_grad():
             _, hidden = target(torch.tensor([committed]), return_hidden=True)
         want = hidden[0, -P:]
-        assert bool(distilled.valid.all())
-        torch.testing.assert_close(distilled.buf[0], want, rtol=1e-4, atol=1e-4)
+        assert decoder.draft is not None and bool(decoder.draft.valid.all())
+        torch.testing.assert_close(decoder.draft.buf[0], want, rtol=1e-4, atol=1e-4)
 
 
 # ------------------------------------------------- (6) lossless with target mass outside DNA
@@ -450,8 +470,7 @@ def test_acceptance_is_lossless_when_the_target_puts_mass_on_n(target_dir, genom
     first: Counter = Counter()
     accepted = 0
     for s in range(n):
-        res = decode_speculative(model, prompt, 2, sampler, d, 1, RngKey(s, 5, 0),
-                                 hidden_prefix=d.prefix_len)
+        res = decode_speculative(model, prompt, 2, sampler, d, 1, RngKey(s, 5, 0))
         first[res.tokens[0]] += 1
         accepted += res.accepted[0]
     assert set(first) <= set(support)
@@ -470,14 +489,14 @@ def test_batched_draws_equal_the_left_to_right_reference(target, sampler):
     from evspark_cli.decode.drafters.base import draw_on_alphabet
     from evspark_cli.decode.sampling import Purpose
 
-    def reference(d: DSparkDrafter, state, anchor: int, gamma: int):
-        net = d.net
+    def reference(d: OneRow, state, anchor: int, gamma: int):
+        net = d.rows.net
         U = net.base_logits(net.condition(d.buf), d.valid, torch.tensor([anchor]), gamma)[0].float()
         u = d.ctx.rng.u(torch.arange(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
         drafts, qs, prev = [], [], int(net.lut[anchor])
         for k in range(gamma):
-            tok, q = draw_on_alphabet(U[k] + net.markov[k, prev].float(), d.alpha, d.ctx.sampler,
-                                      u[k], d.cfg.vocab_size)
+            tok, q = draw_on_alphabet(U[k] + net.markov[k, prev].float(), d.rows.alpha,
+                                      d.ctx.sampler, u[k], d.rows.cfg.vocab_size)
             drafts.append(tok)
             qs.append(q)
             prev = int(net.lut[tok])
@@ -486,11 +505,12 @@ def test_batched_draws_equal_the_left_to_right_reference(target, sampler):
     drafter = DSparkDrafter(random_net(5))
     with torch.inference_mode():
         for seed in range(3):
-            state, anchor = begin(drafter, target, ids("ACGTTGCAAGGCTTAGCCATGAC" * (seed + 1)),
-                                  sampler, RngKey(seed, 4, 1))
+            row, state, anchor = begin(drafter, target,
+                                       ids("ACGTTGCAAGGCTTAGCCATGAC" * (seed + 1)), sampler,
+                                       RngKey(seed, 4, 1))
             for a in (anchor, N_ID, 65):
                 for g in (1, 5, 8):
-                    got = drafter.propose(state, a, g)
-                    want_d, want_q = reference(drafter, state, a, g)
-                    assert torch.equal(got.drafts, want_d), (seed, a, g)
-                    assert torch.equal(got.q, want_q), (seed, a, g)
+                    got = row.propose(state, a, g)
+                    want_d, want_q = reference(row, state, a, g)
+                    assert torch.equal(got.drafts[0], want_d), (seed, a, g)
+                    assert torch.equal(got.q[0], want_q), (seed, a, g)

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from evspark_cli.decode.sampling import argmax_lowest, sample_from_probs
 
-__all__ = ["Verdict", "residual", "decide", "accept_sampled", "accept_greedy"]
+__all__ = ["Verdict", "residual", "decide", "decide_rows", "accept_sampled", "accept_greedy"]
 
 
 @dataclass
@@ -87,28 +87,48 @@ def _verdict(n: Tensor, token: Tensor, gamma: int) -> Verdict:
 
 
 def decide(p: Tensor, q: Tensor, drafts: Tensor, u_accept: Tensor) -> tuple[Tensor, Tensor]:
-    """The rule without its final draw: (number accepted m, distribution of the next token).
+    """The rule without its final draw, for one row: (number accepted m, distribution of the
+    next token).
 
     The distribution is the fp64 residual at the first rejection, or p̃_{γ+1} itself (unmodified,
     so the bonus draw is the native draw) when all γ drafts are accepted. Exposed so tests can
-    enumerate the rule exactly.
+    enumerate the rule exactly; it is `decide_rows` on a batch of one.
     """
     gamma = _check_block(p, q, drafts, u_accept)
-    # the uniforms come from the CPU counter-based generator; the rule runs where p is
     q, drafts, u_accept = q.to(p.device), drafts.to(p.device), u_accept.to(p.device)
     if gamma == 0:
         return torch.zeros((), dtype=torch.int64, device=p.device), p[0].to(torch.float64)
-    # only the drafted entries and one row are read, so only they are widened to fp64 (the
-    # same values as widening all of p and q first)
+    n, dist = decide_rows(p[None], q[None], drafts[None], u_accept[None], [gamma])
+    return n[0], dist[0]
+
+
+def decide_rows(p: Tensor, q: Tensor, drafts: Tensor, u_accept: Tensor, gammas: list[int]
+                ) -> tuple[Tensor, Tensor]:
+    """The rule for a batch: row b verified gammas[b] drafts (entries past them are padding).
+
+    p (B, G+1, V) target sampler probabilities, q (B, G, V) the drafts' distributions, drafts
+    (B, G), u_accept (B, G) the accept-test uniforms. Returns (m (B,), next-token distributions
+    (B, V) fp64): per row exactly what the single-row rule gives for its own block, since every
+    quantity is computed per row from that row's entries alone.
+    """
+    B, G = drafts.shape
+    dev = p.device
+    q, drafts, u_accept = q.to(dev), drafts.to(dev), u_accept.to(dev)
+    g = torch.tensor(gammas, dtype=torch.int64, device=dev)
+    rows = torch.arange(B, device=dev)
+    # only the drafted entries and one row per batch row are read, so only they are widened to
+    # fp64 (the same values as widening all of p and q first)
     idx = drafts.to(torch.int64).unsqueeze(-1)
-    p_d = p[:gamma].gather(-1, idx).squeeze(-1).to(torch.float64)
+    p_d = p[:, :G].gather(-1, idx).squeeze(-1).to(torch.float64)
     q_d = q.gather(-1, idx).squeeze(-1).to(torch.float64)
-    n = _leading_true(u_accept.to(torch.float64) * q_d < p_d)
-    bonus = p[gamma].to(torch.float64)
-    if p.device.type == "cpu" and int(n) == gamma:  # a free host read: skip the unused residual
+    ok = (u_accept.to(torch.float64) * q_d < p_d) & (torch.arange(G, device=dev) < g[:, None])
+    n = ok.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # leading accepts, at most gammas[b]
+    bonus = p[rows, g].to(torch.float64)  # p̃ after all of a row's drafts
+    if dev.type == "cpu" and bool((n == g).all()):  # a free host read: skip the unused residual
         return n, bonus
-    m = n.clamp(max=gamma - 1)
-    return n, torch.where(n == gamma, bonus, residual(_row(p, m), _row(q, m)))
+    m = torch.minimum(n, (g - 1).clamp(min=0))
+    qm = q[rows, m] if G else torch.zeros_like(bonus)
+    return n, torch.where((n == g)[:, None], bonus, residual(p[rows, m], qm))
 
 
 def accept_sampled(

@@ -24,6 +24,7 @@ __all__ = [
     "argmax_lowest",
     "sampler_probs",
     "uniform",
+    "uniform_floats",
     "sample_from_probs",
 ]
 
@@ -200,6 +201,17 @@ def _key_hash(seed: int, record: int, sample: int, purpose: int) -> int:
     for name, key in (("seed", seed), ("record", record), ("sample", sample), ("purpose", purpose)):
         h = _fmix_int(h + (_check_key(name, key) + 1) * _GOLDEN)
     return h
+
+
+def uniform_floats(seed: int, record: int, sample: int, positions: range | list[int],
+                   purpose: int) -> list[float]:
+    """`uniform` for a few positions as host floats (the same numbers, no tensor made): a
+    batched round asks for a handful per row."""
+    h = _key_hash(seed, record, sample, purpose)
+    if len(positions):
+        _check_key("position", min(positions))
+        _check_key("position", max(positions))
+    return [_unit_int(h, x) for x in positions]
 
 
 def uniform(

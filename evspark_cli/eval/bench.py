@@ -91,7 +91,7 @@ def _run_pair(model: StripedHyena, p: Prompt, drafter: Any, cfg: BenchConfig, sa
               rollback: str, gamma: int, key: RngKey) -> tuple[DecodeResult, DecodeResult]:
     nat = decode_native(model, _ids(p), cfg.new_tokens, sampler, key, p.id, track_margins=True)
     spec = decode_speculative(model, _ids(p), cfg.new_tokens, sampler, drafter, gamma, key, rollback,
-                              p.id, hidden_prefix=drafter.prefix_len)
+                              p.id)
     return nat, spec
 
 
@@ -136,8 +136,7 @@ def speed_and_greedy(model: StripedHyena, prompts: list[Prompt], drafters: dict[
                         else cfg.rollback_modes[:1]
                     for rb in rbs:
                         spec = decode_speculative(model, _ids(p), cfg.new_tokens, sampler, d,
-                                                  cfg.gamma, key, rb, p.id,
-                                                  hidden_prefix=d.prefix_len)
+                                                  cfg.gamma, key, rb, p.id)
                         row = {"prompt": p.id, "repeat": r, "tokens": len(nat.tokens),
                                "native_s": nat.wall_s, "spec_s": spec.wall_s,
                                "rounds": spec.rounds, "accepted": sum(spec.accepted),
@@ -199,7 +198,7 @@ def sampled_losslessness(model: StripedHyena, prompts: list[Prompt], drafter: An
             sets["native_b"].append(decode_native(model, _ids(p), cfg.tvd_tokens, SAMPLED,
                                                   RngKey(2, i, s), prefilled=pf).tokens)
             sets["spec"].append(decode_speculative(model, _ids(p), cfg.tvd_tokens, SAMPLED, drafter,
-                                                   cfg.gamma, RngKey(3, i, s), hidden_prefix=prefix,
+                                                   cfg.gamma, RngKey(3, i, s),
                                                    prefilled=pf).tokens)
         row: dict[str, Any] = {"prompt": p.id, "complexity": round(complexity(p.seq), 3)}
         for k in (1, 3):
@@ -270,7 +269,7 @@ def context_sweep(model: StripedHyena, drafter: Any, cfg: BenchConfig,
             key = RngKey(5, L, 0)
             nat = decode_native(model, ids, cfg.context_tokens, SAMPLED, key, prefilled=pf)
             spec = decode_speculative(model, ids, cfg.context_tokens, SAMPLED, drafter, cfg.gamma,
-                                      key, "slice", f"ctx{L}", prefix, prefilled=pf)
+                                      key, "slice", f"ctx{L}", prefilled=pf)
         except (MemoryError, RuntimeError) as e:
             if not _out_of_memory(e):
                 raise

@@ -60,14 +60,14 @@ def _index(rows: Sequence[int], device: torch.device) -> Tensor:
     return torch.as_tensor(list(rows), dtype=torch.long, device=device)
 
 
-def _put_rows(t: Tensor, slots: Sequence[int], src: Tensor) -> Tensor:
+def put_rows(t: Tensor, slots: Sequence[int], src: Tensor) -> Tensor:
     """A copy of t (B, ...) whose rows `slots` are src's rows, in order."""
     out = t.clone()
     out[_index(slots, t.device)] = src.to(t.dtype)
     return out
 
 
-def _swap_remove(t: Tensor, row: int) -> Tensor:
+def swap_remove(t: Tensor, row: int) -> Tensor:
     """t without `row`: the last row takes its place (a copy; these tensors are small)."""
     last = t.shape[0] - 1
     keep = list(range(last))
@@ -108,10 +108,10 @@ class FIRWindow:
         return FIRWindow(self.buf.index_select(0, _index(rows, self.buf.device)))
 
     def place(self, slots: Sequence[int], other: "FIRWindow") -> "FIRWindow":
-        return FIRWindow(_put_rows(self.buf, slots, other.buf))
+        return FIRWindow(put_rows(self.buf, slots, other.buf))
 
     def remove(self, row: int) -> "FIRWindow":
-        return FIRWindow(_swap_remove(self.buf, row))
+        return FIRWindow(swap_remove(self.buf, row))
 
     @staticmethod
     def cat(parts: Sequence["FIRWindow"]) -> "FIRWindow":
@@ -165,10 +165,10 @@ class ModalState:
         return ModalState(self.sigma.index_select(0, _index(rows, self.sigma.device)))
 
     def place(self, slots: Sequence[int], other: "ModalState") -> "ModalState":
-        return ModalState(_put_rows(self.sigma, slots, other.sigma))
+        return ModalState(put_rows(self.sigma, slots, other.sigma))
 
     def remove(self, row: int) -> "ModalState":
-        return ModalState(_swap_remove(self.sigma, row))
+        return ModalState(swap_remove(self.sigma, row))
 
     @staticmethod
     def cat(parts: Sequence["ModalState"]) -> "ModalState":

@@ -22,7 +22,8 @@ from typing import Callable
 
 import torch
 
-from ..decode.drafters.dspark import DNA, DSparkConfig, DSparkNet, save_drafter
+from ..decode.drafters.dspark import DSparkConfig, DSparkNet, save_drafter
+from ..model.tokenizer import DNA_IDS
 from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
 from ..model.checkpoint import load_model, resolve_device, weights_hash
 from ..model.model import StripedHyena
@@ -101,7 +102,7 @@ def teacher_rows(model: StripedHyena, seqs: torch.Tensor, sampler: SamplerConfig
     """Teacher-forced hidden states, p̃ on the alphabet and the mass outside it, for (B, S)."""
     logits, hidden = model(seqs.to(model.device), return_hidden=True)
     p = sampler_probs(logits.float(), sampler)
-    alpha = torch.tensor(DNA, device=p.device)
+    alpha = torch.tensor(DNA_IDS, device=p.device)
     pa = p[..., alpha]
     return {"tokens": seqs.cpu().to(torch.int16), "p_alpha": pa.cpu(),
             "p_other": (1 - pa.sum(-1)).clamp(min=0).cpu(),
@@ -121,7 +122,7 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
     meta = {"cache_config": asdict(cfg), "onpolicy_prompt": prompt_len,
             "target_hash": weights_hash(cfg.target),
             "target_hidden_layers": model.config.drafter_layers, "hidden_size": model.config.hidden_size,
-            "alphabet": DNA}
+            "alphabet": list(DNA_IDS)}
     t0 = time.time()
     with ShardWriter(out, prefix="teacher", max_rows_per_shard=64, metadata=meta, overwrite=True) as w:
         done = 0

@@ -1,24 +1,28 @@
-"""The drafter interface: propose gamma tokens with the exact distributions they came from.
+"""The drafter interface: propose tokens for every row of a batch, with the exact distributions
+they came from.
 
-A drafter sees the committed sequence (prompt + emitted tokens), the target's hidden states of
-committed positions (taken from the verification pass, no extra target work) and the target's
-committed inference state. `propose` must return q[k] = the distribution d_k was drawn from,
-in fp32 over the full vocabulary: the acceptance rule is only lossless with the true q.
+A drafter sees, per row, the committed sequence (prompt + emitted tokens), the target's hidden
+states of committed positions (taken from the verification pass, no extra target work) and the
+target's committed inference state. `propose` must return q = the distribution each draft was
+drawn from, in fp32 over the full vocabulary: the acceptance rule is only lossless with the true
+q. A drafter's per-row memory (`DraftRows`) follows the rows of the batch as they come and go:
+`place` and `remove` mirror `InferenceState.place` and `InferenceState.remove`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, Sequence, TypeVar
 
 import torch
 from torch import Tensor
 
 from ...model.model import StripedHyena
 from ...model.state import InferenceState
-from ..sampling import Purpose, SamplerConfig, uniform
+from ..sampling import (Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform,
+                        uniform_floats)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RngKey:
     """(seed, record, sample): with a position and a purpose, it keys every random number."""
 
@@ -29,10 +33,14 @@ class RngKey:
     def u(self, position: int | range | Tensor, purpose: Purpose) -> Tensor:
         return uniform(self.seed, self.record, self.sample, position, int(purpose))
 
+    def floats(self, positions: range | list[int], purpose: Purpose) -> list[float]:
+        """The same numbers as `u` for a few positions, as host floats."""
+        return uniform_floats(self.seed, self.record, self.sample, positions, int(purpose))
+
 
 @dataclass
 class DraftContext:
-    """What a drafter is told at the start of a sequence."""
+    """What a drafter is told about one row when it joins a batch."""
 
     model: StripedHyena
     prompt: list[int]
@@ -43,45 +51,85 @@ class DraftContext:
 
 @dataclass
 class Proposal:
-    drafts: Tensor  # (gamma,) long
-    q: Tensor  # (gamma, V) fp32, q[k] is the distribution drafts[k] was drawn from
+    """Drafts for a batch: row b drafted gammas[b] tokens; entries past them are padding (never
+    accepted: the round gives them no accept test)."""
+
+    drafts: Tensor  # (B, G) long, on the host
+    q: Tensor  # (B, G, V) fp32: q[b, k] is the distribution drafts[b, k] was drawn from
+
+    def row(self, b: int, gamma: int) -> tuple[Tensor, Tensor]:
+        """Row b's drafts (gamma,) and their distributions (gamma, V)."""
+        return self.drafts[b, :gamma], self.q[b, :gamma]
+
+
+class DraftRows(Protocol):
+    """A drafter's memory of each row of a live batch, in the batch's row order."""
+
+    def propose(self, state: InferenceState, anchors: Sequence[int], gammas: Sequence[int]
+                ) -> Proposal:
+        """Row b drafts gammas[b] tokens after anchors[b], whose position is state.lengths[b]."""
+
+    def observe(self, fed: Tensor, hidden: Tensor, counts: Sequence[int]) -> None:
+        """The round committed the first counts[b] tokens of fed[b] (anchor + accepted drafts);
+        hidden (B, k, layers, D) are the target's hidden states from the verification pass."""
+
+    def place(self, slots: Sequence[int], new: "DraftRows") -> None:
+        """Rows `slots` now hold `new`'s rows (new sequences joining the batch)."""
+
+    def remove(self, row: int) -> None:
+        """Row `row` leaves; the last row takes its place (as `InferenceState.remove`)."""
 
 
 class Drafter(Protocol):
     name: str
-    prefix_len: int  # hidden states of the last committed positions `begin` needs (0: none)
+    prefix_len: int  # hidden states of the last prompt positions a row needs when it joins
 
-    def begin(self, ctx: DraftContext) -> None:
-        """Start a sequence (reset per-sequence memory)."""
-
-    def propose(self, state: InferenceState, anchor: int, gamma: int) -> Proposal:
-        """Draft gamma tokens after `anchor`, whose absolute position is state.seqlen."""
-
-    def observe(self, tokens: list[int], hidden: Tensor) -> None:
-        """Committed tokens of the last round (anchor + accepted drafts), with their hidden
-        states (len(tokens), layers, D) from the verification pass."""
+    def rows(self, contexts: Sequence[DraftContext]) -> DraftRows:
+        """Memory for new rows, one per context (a sequence each)."""
 
 
-def draw_on_alphabet(logits: Tensor, alphabet: Tensor, sampler, u: Tensor, vocab: int
-                     ) -> tuple[int, Tensor]:
+_R = TypeVar("_R")
+
+
+class ListRows(Generic[_R]):
+    """Per-row Python objects kept in batch order (drafters whose memory is not a tensor)."""
+
+    def __init__(self, items: list[_R]) -> None:
+        self.items = items
+
+    def place(self, slots: Sequence[int], new: "ListRows[_R]") -> None:  # type: ignore[override]
+        for slot, item in zip(slots, new.items):
+            self.items[slot] = item
+
+    def remove(self, row: int) -> None:
+        last = self.items.pop()
+        if row < len(self.items):
+            self.items[row] = last
+
+
+def pad_proposal(rows: list[tuple[list[int], list[Tensor]]], vocab: int, device
+                 ) -> Proposal:
+    """Per-row drafts and q rows as one padded (B, G) / (B, G, V) proposal."""
+    G = max((len(d) for d, _ in rows), default=0)
+    drafts = torch.zeros(len(rows), G, dtype=torch.long)
+    q = torch.zeros(len(rows), G, vocab, dtype=torch.float32, device=device)
+    for b, (d, qs) in enumerate(rows):
+        if d:
+            drafts[b, : len(d)] = torch.tensor(d, dtype=torch.long)
+            q[b, : len(d)] = torch.stack(qs)
+    return Proposal(drafts, q)
+
+
+def draw_on_alphabet(logits: Tensor, alphabet: Tensor, sampler: SamplerConfig, u: Tensor,
+                     vocab: int) -> tuple[int, Tensor]:
     """Apply the sampler transform to logits over a sorted alphabet and draw one token.
 
     Equal to transforming the full-vocabulary logits with -inf outside the alphabet (the sampler
     keeps the same tokens and breaks ties by the same, increasing, order), but on a 4-vector.
     Returns (token id, q over the full vocabulary).
     """
-    from ..sampling import sample_from_probs, sampler_probs
-
     q_small = sampler_probs(logits, sampler)
     i = int(sample_from_probs(q_small, u))
     q = torch.zeros(vocab, dtype=q_small.dtype, device=q_small.device)
     q[alphabet] = q_small
     return int(alphabet[i]), q
-
-
-def draw(probs: Tensor, u: Tensor) -> int:
-    """One inverse-CDF draw (ints only; the zero-mass guard lives in sampling.sample_from_probs)."""
-    from ..sampling import sample_from_probs
-
-    return int(sample_from_probs(probs, u))
-

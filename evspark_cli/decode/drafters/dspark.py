@@ -17,6 +17,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -25,11 +26,11 @@ from torch import Tensor, nn
 
 from ...errors import ModelError
 from ...model.model import StripedHyena
-from ...model.state import InferenceState
+from ...model.state import InferenceState, put_rows, swap_remove
+from ...model.tokenizer import DNA_IDS
 from ..sampling import Purpose, sampler_probs
 from .base import DraftContext, Proposal
 
-DNA = [65, 67, 71, 84]  # A C G T
 
 
 @dataclass
@@ -42,7 +43,7 @@ class DSparkConfig:
     mlp_ratio: int = 2
     prefix_len: int = 64  # P: committed positions the trunk attends to
     gamma_max: int = 16
-    alphabet: list[int] = field(default_factory=lambda: list(DNA))
+    alphabet: list[int] = field(default_factory=lambda: list(DNA_IDS))
     vocab_size: int = 512
     target_hash: str = ""
     target_name: str = ""
@@ -141,7 +142,7 @@ class DSparkNet(nn.Module):
 
 
 class DSparkDrafter:
-    """The drafter as the decoders see it: a rolling hidden-state prefix and left-to-right draws."""
+    """The drafter as the decoders see it: a distilled net shared by all rows."""
 
     name = "dspark"
 
@@ -150,58 +151,115 @@ class DSparkDrafter:
         self.cfg = net.cfg
         self.prefix_len = self.cfg.prefix_len
         self.folder = folder
-        self.alpha = torch.tensor(self.cfg.alphabet)
 
-    def begin(self, ctx: DraftContext) -> None:
-        self.ctx = ctx
-        dev = ctx.model.device
+    def rows(self, contexts: Sequence[DraftContext]) -> "DSparkRows":
+        return DSparkRows(self, list(contexts))
+
+
+class DSparkRows:
+    """Each row's rolling hidden-state prefix, as one (B, P, layers, D) tensor, and its drafts.
+
+    The trunk runs once per round for all rows that draft the same number of tokens (the whole
+    batch but in a row's last rounds); the left-to-right Markov draws run per row on host floats.
+    """
+
+    def __init__(self, drafter: DSparkDrafter, contexts: list[DraftContext]) -> None:
+        self.net, self.cfg = drafter.net, drafter.cfg
+        self.contexts = contexts
+        dev = contexts[0].model.device
         self.net.to(dev)
-        self.alpha = self.alpha.to(dev)
-        P = self.prefix_len
-        self.buf = torch.zeros(1, P, self.cfg.target_layers, self.cfg.target_hidden, device=dev)
-        self.valid = torch.zeros(1, P, dtype=torch.bool, device=dev)
-        if ctx.prefill_hidden is not None:
-            self._push(ctx.prefill_hidden)
+        self.sampler = contexts[0].sampler
+        if any(c.sampler != self.sampler for c in contexts):
+            raise ValueError("the rows of a batch share one sampler")
+        self.alpha = torch.tensor(self.cfg.alphabet, device=dev)
+        B, P = len(contexts), self.cfg.prefix_len
+        self.buf = torch.zeros(B, P, self.cfg.target_layers, self.cfg.target_hidden, device=dev)
+        self.valid = torch.zeros(B, P, dtype=torch.bool, device=dev)
+        for b, c in enumerate(contexts):
+            h = c.prefill_hidden
+            n = 0 if h is None else min(h.shape[0], P)
+            if n:
+                assert h is not None
+                self.buf[b, P - n:] = h[-n:].to(self.buf.dtype)
+                self.valid[b, P - n:] = True
 
-    def _push(self, hidden: Tensor) -> None:
-        n = min(hidden.shape[0], self.prefix_len)
-        if n == 0:
-            return
-        self.buf = torch.cat([self.buf[:, n:], hidden[None, -n:].to(self.buf.dtype)], dim=1)
-        self.valid = torch.cat([self.valid[:, n:], self.valid.new_ones(1, n)], dim=1)
+    # ------------------------------------------------------------------ rows come and go
+    def place(self, slots: Sequence[int], new: "DSparkRows") -> None:  # type: ignore[override]
+        self.buf = put_rows(self.buf, slots, new.buf)
+        self.valid = put_rows(self.valid, slots, new.valid)
+        for slot, c in zip(slots, new.contexts):
+            self.contexts[slot] = c
 
+    def remove(self, row: int) -> None:
+        self.buf, self.valid = swap_remove(self.buf, row), swap_remove(self.valid, row)
+        last = self.contexts.pop()
+        if row < len(self.contexts):
+            self.contexts[row] = last
+
+    def observe(self, fed: Tensor, hidden: Tensor, counts: Sequence[int]) -> None:
+        """Each row's prefix moves on by its committed positions (a gather, one op per tensor)."""
+        B, P = self.buf.shape[:2]
+        k = hidden.shape[1]
+        both = torch.cat([self.buf, hidden.to(self.buf.dtype)], dim=1)  # (B, P + k, L, D)
+        ok = torch.cat([self.valid, self.valid.new_ones(B, k)], dim=1)
+        start = torch.tensor(counts, device=both.device)[:, None]
+        idx = start + torch.arange(P, device=both.device)  # row b keeps positions n_b .. n_b+P-1
+        self.buf = both.gather(1, idx[:, :, None, None].expand(B, P, *both.shape[2:]))
+        self.valid = ok.gather(1, idx)
+
+    # ------------------------------------------------------------------ drafting
     @torch.inference_mode()
-    def propose(self, state: InferenceState, anchor: int, gamma: int) -> Proposal:
-        if gamma > self.cfg.gamma_max:
+    def propose(self, state: InferenceState, anchors: Sequence[int], gammas: Sequence[int]
+                ) -> Proposal:
+        gmax = max(gammas)
+        if gmax > self.cfg.gamma_max:
             raise ModelError(f"this drafter was built for gamma <= {self.cfg.gamma_max}")
-        net, sampler, rng = self.net, self.ctx.sampler, self.ctx.rng
-        ctx = net.condition(self.buf)
-        U = net.base_logits(ctx, self.valid, torch.tensor([anchor], device=ctx.device), gamma)[0]
-        U = U.float()
-        u = rng.u(range(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
-        # every conditional the left-to-right draws can meet, transformed in one batch:
-        # Q[k, prev] = S(U_k + B_k[prev]) over the alphabet, prev = anchor's class or a letter
-        Q = sampler_probs(U[:, None, :] + net.markov[:gamma].float(), sampler)  # (g, V+1, V)
-        P = Q.to(torch.float64)
-        cdf = P.cumsum(dim=-1).tolist()
-        rows, prev = [], int(net.lut[anchor])
-        for k, uk in enumerate(u.tolist()):  # inverse-CDF draws, as sampling.sample_from_probs
-            c = cdf[k][prev]
-            target = uk * c[-1]
-            i = next((j for j, cj in enumerate(c) if cj > target), None)
-            if i is None:  # rounding put the target at the end: the first index reaching it
-                i = next(j for j, cj in enumerate(c) if cj >= c[-1])
-            rows.append(prev)
-            prev = i
-        dev = Q.device
-        q_small = Q[torch.arange(gamma, device=dev), torch.tensor(rows, device=dev)]  # (g, V)
-        q = q_small.new_zeros(gamma, self.cfg.vocab_size)
-        q[:, self.alpha] = q_small  # each draft's exact distribution over the vocabulary
-        drafts = self.alpha[torch.tensor(rows[1:] + [prev], dtype=torch.long, device=dev)]
-        return Proposal(drafts.cpu(), q)
+        B, V = len(anchors), self.cfg.vocab_size
+        drafts = torch.zeros(B, gmax, dtype=torch.long)
+        q = torch.zeros(B, gmax, V, dtype=torch.float32, device=self.buf.device)
+        for g in sorted(set(gammas) - {0}):
+            rows = [b for b in range(B) if gammas[b] == g]
+            d, qs = self._draft(rows, [anchors[b] for b in rows],
+                                [state.lengths[b] for b in rows], g)
+            drafts[rows, :g] = d
+            q[rows, :g] = qs
+        return Proposal(drafts, q)
 
-    def observe(self, tokens: list[int], hidden: Tensor) -> None:
-        self._push(hidden)
+    def _draft(self, rows: list[int], anchors: list[int], positions: list[int], gamma: int
+               ) -> tuple[Tensor, Tensor]:
+        """Drafts (n, gamma) and q (n, gamma, V) of `rows`, each anchored at its position."""
+        net = self.net
+        whole = len(rows) == self.buf.shape[0]
+        buf = self.buf if whole else self.buf[rows]
+        valid = self.valid if whole else self.valid[rows]
+        ctx = net.condition(buf)
+        U = net.base_logits(ctx, valid, torch.tensor(anchors, device=ctx.device), gamma).float()
+        # every conditional the left-to-right draws can meet, transformed in one batch:
+        # Q[r, k, prev] = S(U_rk + B_k[prev]) over the alphabet, prev = anchor's class or a letter
+        Q = sampler_probs(U[:, :, None, :] + net.markov[:gamma].float(), self.sampler)
+        cdf = Q.to(torch.float64).cumsum(dim=-1).tolist()  # (n, gamma, V+1, V) on the host
+        lut = net.lut.tolist()
+        picks: list[list[int]] = []  # per row: the Markov row of each slot, then the last draw
+        for r, (b, a, pos) in enumerate(zip(rows, anchors, positions)):
+            u = self.contexts[b].rng.floats(range(pos + 1, pos + gamma + 1), Purpose.DRAFT)
+            prev, seq = lut[a], []
+            for k, uk in enumerate(u):  # inverse-CDF draws, as sampling.sample_from_probs
+                c = cdf[r][k][prev]
+                target = uk * c[-1]
+                i = next((j for j, cj in enumerate(c) if cj > target), None)
+                if i is None:  # rounding put the target at the end: the first index reaching it
+                    i = next(j for j, cj in enumerate(c) if cj >= c[-1])
+                seq.append(prev)
+                prev = i
+            picks.append(seq + [prev])
+        dev = Q.device
+        sel = torch.tensor([p[:-1] for p in picks], device=dev)  # (n, gamma) Markov rows
+        n = len(rows)
+        q_small = Q[torch.arange(n, device=dev)[:, None], torch.arange(gamma, device=dev), sel]
+        q = q_small.new_zeros(n, gamma, self.cfg.vocab_size)
+        q[..., self.alpha] = q_small  # each draft's exact distribution over the vocabulary
+        drafts = self.alpha[torch.tensor([p[1:] for p in picks], dtype=torch.long, device=dev)]
+        return drafts.cpu(), q
 
 
 # ------------------------------------------------------------------------------------ folders

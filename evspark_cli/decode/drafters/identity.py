@@ -3,36 +3,48 @@
 Every draft is accepted, so a round costs gamma target steps plus one verification block for
 gamma+1 tokens: the measured overhead over native decoding is the price of the speculative
 machinery alone. Drafts use the SAMPLE stream at their absolute positions, so a run with this
-drafter reproduces native decoding token for token, sampled runs included.
+drafter reproduces native decoding token for token, sampled runs included. The steps run on the
+whole batch at once; their KV rows are scratch that the verification block overwrites.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
+from torch import Tensor
 
 from ...model.state import InferenceState
-from ..sampling import Purpose, sampler_probs
-from .base import DraftContext, Proposal, draw
+from ..sampling import Purpose, sample_from_probs, sampler_probs
+from .base import DraftContext, ListRows, Proposal
 
 
 class IdentityDrafter:
     name = "identity"
     prefix_len = 0
 
-    def begin(self, ctx: DraftContext) -> None:
-        self.ctx = ctx
+    def rows(self, contexts: Sequence[DraftContext]) -> "IdentityRows":
+        return IdentityRows(list(contexts))
 
-    def propose(self, state: InferenceState, anchor: int, gamma: int) -> Proposal:
-        model, cfg, rng = self.ctx.model, self.ctx.sampler, self.ctx.rng
-        tok = anchor
-        drafts, qs = [], []
-        for k in range(gamma):
-            logits, _, block = model.extend(state, torch.tensor([[tok]], device=model.device))
+
+class IdentityRows(ListRows[DraftContext]):
+    def propose(self, state: InferenceState, anchors: Sequence[int], gammas: Sequence[int]
+                ) -> Proposal:
+        ctx = self.items[0]
+        model, sampler = ctx.model, ctx.sampler
+        G, B = max(gammas), len(anchors)
+        drafts = torch.zeros(B, G, dtype=torch.long)
+        q = torch.zeros(B, G, model.config.vocab_size, dtype=torch.float32, device=model.device)
+        tok = torch.tensor(anchors, dtype=torch.long, device=model.device)[:, None]
+        for k in range(G):
+            logits, _, block = model.extend(state, tok)
             state = block.commit(1)
-            q = sampler_probs(logits[0, -1], cfg)
-            tok = draw(q, rng.u(state.seqlen, Purpose.SAMPLE))
-            drafts.append(tok)
-            qs.append(q)
-        return Proposal(torch.tensor(drafts, dtype=torch.long), torch.stack(qs))
+            qk = sampler_probs(logits[:, -1], sampler)
+            u = [c.rng.floats([n], Purpose.SAMPLE)[0] for c, n in zip(self.items, state.lengths)]
+            tok = sample_from_probs(qk, torch.tensor(u, dtype=torch.float64, device=qk.device))
+            drafts[:, k] = tok.cpu()
+            q[:, k] = qk
+            tok = tok[:, None]
+        return Proposal(drafts, q)
 
-    def observe(self, tokens: list[int], hidden: torch.Tensor) -> None:
+    def observe(self, fed: Tensor, hidden: Tensor, counts: Sequence[int]) -> None:
         pass

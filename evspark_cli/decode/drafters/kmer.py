@@ -3,20 +3,22 @@
 No training. Each order's counts are interpolated with the next lower order (Witten-Bell style
 weights), so an unseen long context falls back smoothly. Its logits go through the same sampler
 transform as the target's, which makes q well defined for greedy and sampled decoding alike.
+Each row keeps its own counts (a Python table; drafting is per row).
 """
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from ...model.state import InferenceState
+from ...model.tokenizer import DNA_IDS
 from ..sampling import Purpose
-from .base import DraftContext, Proposal, draw_on_alphabet
+from .base import DraftContext, ListRows, Proposal, draw_on_alphabet, pad_proposal
 
-BASES = (65, 67, 71, 84)  # A C G T
-_INDEX = {b: i for i, b in enumerate(BASES)}
+_INDEX = {b: i for i, b in enumerate(DNA_IDS)}
 
 
 class KmerDrafter:
@@ -26,25 +28,32 @@ class KmerDrafter:
     def __init__(self, order: int = 8, vocab: int = 512) -> None:
         self.order = order
         self.vocab = vocab
-        self.base_ids = torch.tensor(BASES)
 
-    def begin(self, ctx: DraftContext) -> None:
+    def rows(self, contexts: Sequence[DraftContext]) -> "KmerRows":
+        return KmerRows([KmerTable(c, self.order) for c in contexts], self.vocab)
+
+
+class KmerTable:
+    """One row's counts: next base after every context of length 0..order seen so far."""
+
+    def __init__(self, ctx: DraftContext, order: int) -> None:
         self.ctx = ctx
-        self.counts: list[dict[tuple[int, ...], list[int]]] = [dict() for _ in range(self.order + 1)]
+        self.order = order
+        self.counts: list[dict[tuple[int, ...], list[int]]] = [dict() for _ in range(order + 1)]
         self.history: list[int] = []
         for t in ctx.prompt[:-1]:  # the last prompt token is the first anchor, fed later
-            self._push(t)
+            self.push(t)
 
-    def _push(self, tok: int) -> None:
+    def push(self, tok: int) -> None:
         """Count tok after every context of length 0..order that ends at the current history."""
         b = _INDEX.get(tok)
         if b is not None:
             h = self.history
             for o in range(0, min(self.order, len(h)) + 1):
-                ctx = tuple(h[len(h) - o:]) if o else ()
-                row = self.counts[o].get(ctx)
+                key = tuple(h[len(h) - o:]) if o else ()
+                row = self.counts[o].get(key)
                 if row is None:
-                    row = self.counts[o][ctx] = [0, 0, 0, 0]
+                    row = self.counts[o][key] = [0, 0, 0, 0]
                 row[b] += 1
         self.history.append(tok)
 
@@ -52,8 +61,8 @@ class KmerDrafter:
         """Interpolated next-base probabilities over A, C, G, T."""
         p = [0.25, 0.25, 0.25, 0.25]
         for o in range(0, min(self.order, len(history)) + 1):
-            ctx = tuple(history[len(history) - o:]) if o else ()
-            row = self.counts[o].get(ctx)
+            key = tuple(history[len(history) - o:]) if o else ()
+            row = self.counts[o].get(key)
             if row is None:
                 break
             n = sum(row)
@@ -66,18 +75,32 @@ class KmerDrafter:
         """Log-probabilities over A, C, G, T (the drafter never proposes other tokens)."""
         return torch.tensor([math.log(max(x, 1e-12)) for x in self.probs(history)])
 
-    def propose(self, state: InferenceState, anchor: int, gamma: int) -> Proposal:
-        cfg, rng = self.ctx.sampler, self.ctx.rng
+    def draft(self, anchor: int, position: int, gamma: int, vocab: int, alphabet: Tensor
+              ) -> tuple[list[int], list[Tensor]]:
         hist = self.history + [anchor]
         drafts, qs = [], []
-        u = rng.u(range(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
+        u = self.ctx.rng.u(range(position + 1, position + gamma + 1), Purpose.DRAFT)
         for k in range(gamma):
-            tok, q = draw_on_alphabet(self.logits(hist), self.base_ids, cfg, u[k], self.vocab)
+            tok, q = draw_on_alphabet(self.logits(hist), alphabet, self.ctx.sampler, u[k], vocab)
             drafts.append(tok)
             qs.append(q)
             hist.append(tok)
-        return Proposal(torch.tensor(drafts, dtype=torch.long), torch.stack(qs))
+        return drafts, qs
 
-    def observe(self, tokens: list[int], hidden: Tensor) -> None:
-        for t in tokens:
-            self._push(t)
+
+class KmerRows(ListRows[KmerTable]):
+    def __init__(self, items: list[KmerTable], vocab: int) -> None:
+        super().__init__(items)
+        self.vocab = vocab
+        self.alphabet = torch.tensor(DNA_IDS)
+
+    def propose(self, state: InferenceState, anchors: Sequence[int], gammas: Sequence[int]
+                ) -> Proposal:
+        rows = [t.draft(a, n, g, self.vocab, self.alphabet)
+                for t, a, n, g in zip(self.items, anchors, state.lengths, gammas)]
+        return pad_proposal(rows, self.vocab, "cpu")
+
+    def observe(self, fed: Tensor, hidden: Tensor, counts: Sequence[int]) -> None:
+        for t, row, n in zip(self.items, fed.tolist(), counts):
+            for tok in row[:n]:
+                t.push(tok)

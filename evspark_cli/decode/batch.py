@@ -1,0 +1,428 @@
+"""The decoder: jobs (records x samples) scheduled into at most B rows, one round at a time.
+
+Every round, each live row drafts up to gamma tokens (none without a drafter: a native step),
+one `extend` verifies all rows at once (a block of 1 + the largest draft count), and each row
+keeps its own accepted prefix plus one correction or bonus token: `block.commit(j)` with one j
+per row. A row that has its tokens leaves; the next queued job takes its slot (continuous
+batching). Native decoding is the same loop without a drafter: a decode step is a block of one.
+
+A job's prompt is prefilled once per record: the samples of a record share one prefill, forked
+into as many rows as there are free slots (`InferenceState.select`). Prefill runs between
+rounds, a whole prompt at a time (chunked as usual): on a CPU the prefill and the decoding rows
+compete for the same cores, so interleaving prefill chunks with rounds would not raise the run's
+throughput, only spread the pause over more rounds; and each round keeps a fixed shape.
+
+Lossless per row: a row's random numbers are keyed by (seed, record, sample, position, purpose),
+and every quantity of the acceptance rule is computed from that row's entries alone, so a row's
+tokens do not depend on which rows share its batch, except where batched arithmetic rounds a
+float differently in the last place (a product over 16 rows need not round as one over 1 row);
+`evspark bench`'s throughput section counts how often that changes a token.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, RunError
+from ..model.model import StripedHyena
+from ..model.state import InferenceState
+from .acceptance import decide_rows
+from .drafters.base import DraftContext, Drafter, DraftRows, RngKey
+from .sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs
+
+ROLLBACKS = ("slice", "replay")
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    wall_s: float  # from the start of the row's prefill (or fork) to its last token
+    mode: str  # "native" or "speculative"
+    rounds: int = 0
+    accepted: list[int] = field(default_factory=list)  # drafts accepted per round
+    proposed: list[int] = field(default_factory=list)  # drafts proposed per round
+    draft_s: float = 0.0  # time of the drafting of the rounds this row took part in
+    verify_s: float = 0.0  # time of those rounds' verification and commit
+    margins: list[float] = field(default_factory=list)  # native top1 - top2 logit gap per token
+    position_accepts: list[int] = field(default_factory=list)  # per draft slot: times accepted
+    position_trials: list[int] = field(default_factory=list)  # per draft slot: times reached
+    prefill_s: float = 0.0  # time spent in the prompt's prefill (inside wall_s; 0 for a fork)
+    progress: list[tuple[int, float]] = field(default_factory=list)  # (tokens so far, seconds)
+
+    @property
+    def tau(self) -> float | None:
+        """Committed tokens per round, bonus/correction token included."""
+        return (sum(self.accepted) + self.rounds) / self.rounds if self.rounds else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return sum(self.accepted) / sum(self.proposed) if sum(self.proposed) else None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One sequence to generate: a prompt, how many tokens, and its random-number key. Jobs with
+    the same `record` (consecutive in the job list) share one prefill."""
+
+    index: int  # place in the input order
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    rng: RngKey
+    label: str = ""  # for messages: the record id
+
+
+@dataclass
+class Outcome:
+    """A finished job: its result, or the error that ended it (the other jobs go on)."""
+
+    job: Job
+    result: DecodeResult | None = None
+    error: Exception | None = None
+
+
+@dataclass
+class RoundReport:
+    """What one round did (for progress displays)."""
+
+    tokens: int  # tokens emitted by all rows
+    rows: int
+    accepted: int  # drafts accepted
+    proposed: int  # drafts proposed
+
+
+@dataclass
+class Prefilled:
+    """A prompt already run through the model, reusable by several rows (each gets a copy).
+
+    Benchmarks prefill a long prompt once and decode natively and speculatively from it, so that
+    both decoders are timed on decoding alone."""
+
+    state: InferenceState  # one row
+    anchor: int
+    hidden: Tensor | None  # hidden states of the last prompt positions, for drafters
+    seconds: float
+
+    def begin(self, keep_hidden: int = 0) -> tuple[InferenceState, int, Tensor | None]:
+        return self.state.clone(), self.anchor, self.hidden_for(keep_hidden)
+
+    def hidden_for(self, keep_hidden: int) -> Tensor | None:
+        if not keep_hidden or self.state.seqlen == 0:  # a one-token prompt has no hidden states
+            return None
+        if self.hidden is None or self.hidden.shape[0] < min(keep_hidden, self.state.seqlen):
+            raise ValueError("this prefill kept fewer hidden states than the drafter needs")
+        return self.hidden[-keep_hidden:]
+
+
+def start(model: StripedHyena, prompt: list[int] | tuple[int, ...], reserve: int,
+          keep_hidden: int = 0) -> tuple[InferenceState, int, Tensor | None]:
+    """Prefill prompt[:-1]; return (state, anchor, hidden states of the last `keep_hidden`)."""
+    if not prompt:
+        raise InputError("empty prompt")
+    ids = torch.tensor([list(prompt[:-1])], dtype=torch.long, device=model.device)
+    if ids.shape[1] == 0:
+        return model.empty_state(1, capacity=reserve), prompt[-1], None
+    _, hidden, state = model.prefill(ids, keep_last=max(1, keep_hidden), reserve=reserve)
+    if ids.device.type == "cuda":  # so that prefill_s times the prefill, not its launch
+        torch.cuda.synchronize(ids.device)
+    return state, prompt[-1], (hidden[0] if keep_hidden else None)
+
+
+@torch.inference_mode()
+def prefill_prompt(model: StripedHyena, prompt: list[int] | tuple[int, ...], reserve: int,
+                   keep_hidden: int = 0) -> Prefilled:
+    t0 = time.perf_counter()
+    state, anchor, hidden = start(model, prompt, reserve, keep_hidden)
+    return Prefilled(state, anchor, hidden, time.perf_counter() - t0)
+
+
+def all_finite(logits: Tensor) -> bool:
+    """True when no entry is NaN or inf. One sum shows any of them (a sum that only overflows
+    is rechecked entry by entry); 2 us where isfinite(...).all() takes 9-19 us per step/round."""
+    return bool(torch.isfinite(logits.sum())) or bool(torch.isfinite(logits).all())
+
+
+def nonfinite_error(position: int, label: str) -> RunError:
+    where = f"record '{label}', " if label else ""
+    return RunError(f"{where}position {position}: the model produced NaN or inf logits")
+
+
+@dataclass
+class _Row:
+    """A live row: its job, the anchor (newest token not yet fed) and what it produced."""
+
+    job: Job
+    anchor: int
+    result: DecodeResult
+    t_start: float
+
+    @property
+    def remaining(self) -> int:
+        return self.job.max_new_tokens - len(self.result.tokens)
+
+
+class BatchDecoder:
+    """Decodes jobs in batches of at most `batch_size` rows (see the module docstring)."""
+
+    def __init__(self, model: StripedHyena, sampler: SamplerConfig, drafter: Drafter | None,
+                 gamma: int, batch_size: int = 1, rollback: str = "slice",
+                 track_margins: bool = False,
+                 on_round: Callable[[RoundReport], None] | None = None) -> None:
+        if rollback not in ROLLBACKS:
+            raise InputError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
+        if batch_size < 1:
+            raise InputError(f"batch size must be >= 1, got {batch_size}")
+        self.model, self.sampler, self.drafter = model, sampler, drafter
+        self.gamma = gamma if drafter is not None else 0
+        self.batch_size, self.rollback = batch_size, rollback
+        self.track_margins = track_margins
+        self.on_round = on_round
+        self.mode = "speculative" if drafter is not None else "native"
+        self.prefix = drafter.prefix_len if drafter is not None else 0
+        # rows live in step: self.state's row b is self.rows[b] and self.draft's row b
+        self.state: InferenceState | None = None
+        self.rows: list[_Row] = []
+        self.draft: DraftRows | None = None
+        self._shared: tuple[int, Prefilled] | None = None  # the last record's prefill
+
+    # ------------------------------------------------------------------ the run
+    @torch.inference_mode()
+    def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
+        """Yield each job's outcome as it finishes (completion order, not input order)."""
+        queue = _Peekable(iter(jobs))
+        yield from self._fill(queue, free=list(range(self.batch_size)))
+        while self.rows:
+            finished = yield from self._round()
+            yield from self._refill(queue, finished)
+        self.state, self.draft, self._shared = None, None, None
+
+    def _round(self) -> Iterator[Outcome]:
+        """One round for every live row; yields the rows that failed; returns the finished slots."""
+        model, state, rows = self.model, self.state, self.rows
+        assert state is not None
+        t0 = time.perf_counter()
+        gammas = [min(self.gamma, r.remaining - 1) for r in rows]
+        G = max(gammas)
+        anchors = torch.tensor([[r.anchor] for r in rows], dtype=torch.long)
+        prop = None
+        if G > 0:
+            assert self.draft is not None
+            prop = self.draft.propose(state, [r.anchor for r in rows], gammas)
+            ids = torch.cat([anchors, prop.drafts[:, :G]], dim=1)
+        else:
+            ids = anchors
+        t1 = time.perf_counter()
+        ids = ids.to(model.device)
+        snapshot = state.clone() if self.rollback == "replay" else None
+        logits, hidden, block = model.extend(state, ids)
+        B, k, V = logits.shape
+        p = sampler_probs(logits.reshape(B * k, V), self.sampler).view(B, k, V)
+        pos = state.lengths  # row b's anchor sits at pos[b]; its draft j at pos[b] + j
+        if prop is not None:
+            u_acc = torch.ones(B, G, dtype=torch.float64)
+            for b, (r, g) in enumerate(zip(rows, gammas)):
+                if g:
+                    u_acc[b, :g] = torch.tensor(r.job.rng.floats(range(pos[b] + 1, pos[b] + g + 1),
+                                                                 Purpose.ACCEPT))
+            n, dist = decide_rows(p, prop.q[:, :G], prop.drafts[:, :G], u_acc, gammas)
+            m = n.tolist()
+        else:
+            m, dist = [0] * B, p[:, 0].to(torch.float64)
+        bad = self._nonfinite_rows(logits, m, pos)
+        # the bonus token is a plain draw from p̃ (SAMPLE stream); a correction has its own stream
+        u_next = [r.job.rng.floats([pos[b] + m[b] + 1], Purpose.SAMPLE if m[b] == g
+                                   else Purpose.RESIDUAL)[0]
+                  for b, (r, g) in enumerate(zip(rows, gammas))]
+        nxt = sample_from_probs(dist, torch.tensor(u_next, dtype=torch.float64,
+                                                   device=dist.device)).tolist()
+        margins = self._margins(logits) if self.track_margins else None
+        counts = [x + 1 for x in m]
+        if snapshot is None:
+            self.state = block.commit(counts)
+        else:
+            self.state = model.extend(snapshot, ids[:, : max(counts)])[2].commit(counts)
+        t2 = time.perf_counter()
+        if self.draft is not None:
+            self.draft.observe(ids, hidden, counts)
+        finished: list[int] = []
+        emitted = 0
+        for b, r in enumerate(rows):
+            res = r.result
+            if b in bad:
+                finished.append(b)
+                yield Outcome(r.job, error=nonfinite_error(bad[b], r.job.label))
+                continue
+            new = ids[b, 1: m[b] + 1].tolist() + [nxt[b]]
+            res.tokens.extend(new)
+            emitted += len(new)
+            r.anchor = nxt[b]
+            if margins is not None:
+                res.margins.append(margins[b])
+            if prop is not None or self.drafter is not None:  # rounds are a speculative notion
+                res.rounds += 1
+                res.accepted.append(m[b])
+                res.proposed.append(gammas[b])
+                for j in range(gammas[b]):
+                    res.position_trials[j] += j <= m[b]
+                    res.position_accepts[j] += j < m[b]
+                res.draft_s += t1 - t0
+                res.verify_s += t2 - t1
+            res.progress.append((len(res.tokens), t2 - r.t_start))
+            if r.remaining <= 0:
+                finished.append(b)
+                res.wall_s = time.perf_counter() - r.t_start
+                yield Outcome(r.job, result=res)
+        if self.on_round is not None:
+            self.on_round(RoundReport(emitted, B, sum(m), sum(gammas)))
+        return finished
+
+    def _nonfinite_rows(self, logits: Tensor, m: list[int], pos: tuple[int, ...]
+                        ) -> dict[int, int]:
+        """Rows whose used logits (anchor .. first rejection) hold NaN or inf: row -> position.
+        Rows after a row's first rejection never matter, as in native decoding."""
+        if all_finite(logits):
+            return {}
+        ok = torch.isfinite(logits).all(dim=-1).tolist()  # (B, k)
+        bad = {}
+        for b, flags in enumerate(ok):
+            used = flags[: m[b] + 1]
+            if not all(used):
+                bad[b] = pos[b] + 1 + used.index(False)
+        return bad
+
+    def _margins(self, logits: Tensor) -> list[float]:
+        top = torch.topk(logits[:, 0].float(), 2, dim=-1).values
+        return (top[:, 0] - top[:, 1]).tolist()
+
+    def share_prefill(self, job: Job, prefilled: Prefilled) -> None:
+        """Start `job`'s record from `prefilled` (a copy of it) instead of prefilling again."""
+        self._shared = ((job.rng.record, job.prompt), prefilled)
+
+    # ------------------------------------------------------------------ rows come and go
+    def _refill(self, queue: "_Peekable", finished: list[int]) -> Iterator[Outcome]:
+        """Queued jobs take the finished slots; slots nobody takes leave the batch."""
+        if not finished:
+            return
+        vacant = yield from self._fill(queue, free=sorted(finished))
+        for slot in sorted(vacant, reverse=True):
+            self._remove(slot)
+
+    def _fill(self, queue: "_Peekable", free: list[int]) -> Iterator[Outcome]:
+        """Put queued jobs into the `free` slots (a new batch when there is none); yields the
+        jobs whose prefill failed; returns the slots left free."""
+        joins: list[tuple[list[int], list[Job], Prefilled, float]] = []
+        while free and queue.peek() is not None:
+            first = queue.next()
+            group = [first]
+            while len(group) < len(free) and _same_prompt(queue.peek(), first):
+                group.append(queue.next())
+            t_start = time.perf_counter()
+            try:
+                pre = self._prefilled(first)
+            except Exception as exc:  # noqa: BLE001 - one bad record must not sink the rest
+                for job in group:
+                    yield Outcome(job, error=exc)
+                while _same_prompt(queue.peek(), first):
+                    yield Outcome(queue.next(), error=exc)
+                continue
+            joins.append((free[: len(group)], group, pre, t_start))
+            free = free[len(group):]
+        if joins:
+            self._join(joins)
+        return free
+
+    def _prefilled(self, job: Job) -> Prefilled:
+        """The job's prompt prefilled (once for all the samples of a record)."""
+        if self._shared is not None and self._shared[0] == (job.rng.record, job.prompt):
+            pre = self._shared[1]
+            return Prefilled(pre.state, pre.anchor, pre.hidden, 0.0)
+        self._shared = None  # the previous record's prefill can go before this one is made
+        reserve = job.max_new_tokens + self.gamma + 16
+        pre = prefill_prompt(self.model, job.prompt, reserve=reserve, keep_hidden=self.prefix)
+        self._shared = ((job.rng.record, job.prompt), pre)
+        return pre
+
+    def _join(self, joins: list[tuple[list[int], list[Job], Prefilled, float]]) -> None:
+        """Rows for each group of jobs (one prompt's samples) forked from its prefill into its
+        slots: a new batch at the start, else in place of finished rows."""
+        states, rows, contexts, slots = [], [], [], []
+        for group_slots, jobs, pre, t_start in joins:
+            states.append(pre.state.select([0] * len(jobs)))
+            hidden = pre.hidden_for(self.prefix)
+            for i, j in enumerate(jobs):
+                rows.append(_Row(j, pre.anchor, self._fresh_result(pre.seconds if i == 0 else 0.0),
+                                 t_start))
+                contexts.append(DraftContext(self.model, list(j.prompt), self.sampler, j.rng,
+                                             hidden))
+            slots.extend(group_slots)
+        new_state = states[0] if len(states) == 1 else InferenceState.cat(states)
+        new_draft = self.drafter.rows(contexts) if self.drafter is not None else None
+        if self.state is None:
+            assert slots == list(range(len(rows)))
+            self.state, self.rows, self.draft = new_state, rows, new_draft
+            return
+        self.state = self.state.place(slots, new_state)
+        for s, r in zip(slots, rows):
+            self.rows[s] = r
+        if new_draft is not None:
+            assert self.draft is not None
+            self.draft.place(slots, new_draft)
+
+    def _remove(self, slot: int) -> None:
+        last = self.rows.pop()
+        if slot < len(self.rows):
+            self.rows[slot] = last
+        if not self.rows:
+            self.state, self.draft = None, None
+            return
+        assert self.state is not None
+        self.state = self.state.remove(slot)
+        if self.draft is not None:
+            self.draft.remove(slot)
+
+    def _fresh_result(self, prefill_s: float) -> DecodeResult:
+        return DecodeResult([], 0.0, self.mode, position_accepts=[0] * self.gamma,
+                            position_trials=[0] * self.gamma, prefill_s=prefill_s)
+
+
+def _same_prompt(job: Job | None, first: Job) -> bool:
+    """Jobs that can share `first`'s prefill: the same record and prompt (its samples)."""
+    return job is not None and job.rng.record == first.rng.record and job.prompt == first.prompt
+
+
+class _Peekable:
+    """An iterator with one job of look-ahead (jobs are pulled lazily: a run may be huge)."""
+
+    def __init__(self, it: Iterator[Job]) -> None:
+        self._it = it
+        self._head: Job | None = None
+        self._done = False
+
+    def peek(self) -> Job | None:
+        if self._head is None and not self._done:
+            self._head = next(self._it, None)
+            self._done = self._head is None
+        return self._head
+
+    def next(self) -> Job:
+        job = self.peek()
+        if job is None:
+            raise StopIteration
+        self._head = None
+        return job
+
+
+def run_one(decoder: BatchDecoder, job: Job, prefilled: Prefilled | None = None) -> DecodeResult:
+    """Decode one job in a batch of its own; its error, if it fails, is raised."""
+    if prefilled is not None:
+        decoder.share_prefill(job, prefilled)
+    t0 = time.perf_counter()
+    outcome = next(iter(decoder.run([job])))
+    if outcome.error is not None:
+        raise outcome.error
+    assert outcome.result is not None
+    outcome.result.wall_s = time.perf_counter() - t0
+    return outcome.result
