@@ -1,6 +1,8 @@
 #!/usr/bin/env python
-"""Engine micro-benchmarks on CPU: decode step, extend(k), commit(j), snapshot-and-replay,
-prefill throughput and state size, for a model folder (e.g. the bundled target) or a randomly
+"""Engine costs on CPU: decode step, extend(k) / step, commit vs replay, KV length, prefill.
+
+Decode step, extend(k), commit(j), snapshot-and-replay, prefill throughput and state size, for a
+model folder (e.g. the bundled target) or a randomly
 initialised ~10M-parameter StripedHyena 2 with Evo 2's stripe.
 
     python benchmarks/bench_engine.py --model models/evspark-sh2-192   # the bundled target

@@ -1,6 +1,8 @@
 #!/usr/bin/env python
-"""Why a CPU decode step costs what it does: matrix-vector throughput against the bytes of
-weights a step streams, next to the bytes one decode step of a model reads.
+"""One-row product GB/s against the weight working set: why a CPU step costs what it does.
+
+Matrix-vector throughput against the bytes of weights a step streams, next to the bytes one
+decode step of a model reads.
 
 A decode step multiplies one token's activations by every weight matrix once. When all of them
 fit in the last-level cache they come back from it at tens of GB/s; past the cache's (effective)

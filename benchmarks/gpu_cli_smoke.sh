@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every user-facing command on this machine's default device (CUDA where one is present):
+# Every user-facing command once on this machine's default device (CUDA where one is present).
 # generate (dspark, k-mer, native, fp32/bf16, with and without graphs), verify, score, train,
 # distill, generate with the new drafter, bench. One line per command in $OUT/cli_rc.txt, all
 # output (stats tables, verify report, bench report included) in $OUT/cli.log. Where biopython is missing (the device machine), benchmarks/device_shim

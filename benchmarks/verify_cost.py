@@ -105,7 +105,7 @@ def identity_rounds(model, st0, toks: list[int], g: int, n: int, label: bool = F
 
 
 def round_options(description: str, batches: int) -> argparse.ArgumentParser:
-    """The options of a benchmark built on `identity_rounds` (this one, `gelu_kernel.py`)."""
+    """The options of a benchmark built on `identity_rounds` (this one)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="models/evspark-sh2-192")
     ap.add_argument("--contexts", type=int, nargs="+", default=[1000, 2000])

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Why CPU weights are stored input-major and few-row products split their reduction
-(model/layers.py: `input_major`, `linear`).
+"""Few-row products per weight layout: why CPU weights are stored input-major and split.
+
+(model/layers.py: `input_major`, `linear`.)
 
 For each projection shape of a model (default: the bundled target's), times a product of k rows
 (k = 1: a decode step, 13: a verification block at gamma 12) against enough copies of the weight
