@@ -41,7 +41,7 @@ DRAFTERS = {"identity": IdentityDrafter, "kmer": KmerDrafter}
 
 @pytest.fixture(scope="module")
 def trained_dir(tmp_path_factory) -> Path:
-    """The phiX-trained tiny model, trained once per pytest session."""
+    """The phiX-trained tiny model, trained once per test run."""
     return shared_trained_tiny(tmp_path_factory)
 
 

@@ -5,7 +5,7 @@ Thousands of short sampled continuations are drawn through the public decoders
 chi-square test against the *exact* joint distribution of the target's sampler, enumerated from
 the model (4 kept tokens per position under top-k 4, so 16 or 64 cells), and two-sample against
 native decoding. The correct rule must not be rejected at p = 0.001; a deliberately broken rule
-(the correction drawn from p̃ instead of the residual, design survey §3.1/§3.6) must be rejected at
+(the correction drawn from p̃ instead of the residual, docs/sampling-and-acceptance.md, "How losslessness is tested") must be rejected at
 p < 0.001 on the same sample size and seeds. Everything is seeded, so the test is deterministic.
 
 scipy is not a dependency: the chi-square survival function is the regularized upper incomplete

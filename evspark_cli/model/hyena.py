@@ -1,8 +1,9 @@
 """Hyena operators of StripedHyena 2: Hyena-SE (short FIR), -MR (medium FIR) and -LI (modal IIR).
 
-Every operator is ``out_proj(q * filter(k * v))`` on featurized input projections (design note
-§3.2). One code path serves the stateless forward, prefill and block verification: a block of k
-inputs is convolved over ``[state ; inputs]``; without a state the history is zeros.
+Every operator is ``out_proj(q * filter(k * v))`` on featurized input projections
+(docs/engine.md, "Hyena operators"). One code path serves the stateless forward, prefill and
+block verification: a block of k inputs is convolved over ``[state ; inputs]``; without a state
+the history is zeros.
 Filters run in fp32 whatever the weight dtype (Evo 2's precision policy).
 
 The filters see one of two layouts of the same values. Verification blocks (2 <= k <= 64, with

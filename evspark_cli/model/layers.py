@@ -193,8 +193,8 @@ def gelu(x: Tensor) -> Tensor:
     Why: on CPU `F.gelu` hands a contiguous fp32 or bf16 tensor to a oneDNN primitive, and a
     strided one to ATen's kernel. A decode step's one-row activations are contiguous, a
     verification block's (a chunk of the fused MLP product) are not, so the two took different
-    kernels and rounded differently; and the oneDNN call costs 20-75 us inside a decode step
-    (7 us in a hot loop) where this takes ~3 us (`benchmarks/gelu_kernel.py`). Seen as a
+    kernels and rounded differently; and the oneDNN call cost several times ATen's inside a
+    decode step. Seen as a
     transposed (2, n/2) grid the same memory is strided, so every call takes ATen's kernel, whose
     output keeps that memory order. Elsewhere (CUDA, odd sizes, training under autograd) this is
     `F.gelu` itself."""
