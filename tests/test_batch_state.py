@@ -83,6 +83,28 @@ def test_ragged_rows_never_read_scratch(models, name):
         close(a, b, tol=0.0, what=f"round {r}")
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+@torch.no_grad()
+def test_a_poisoned_row_leaves_the_others_alone(models, name):
+    """NaN in every live tensor of one row (windows, modal state, KV rows below its length)
+    reaches no other row: rows share products and attention calls, never values."""
+    model = models[name]
+    seqs = [_tokens(b, PROMPTS[b] + 40) for b in range(len(PROMPTS))]
+    st = InferenceState.cat([model.prefill(s[:, :n], reserve=8)[2] for s, n in zip(seqs, PROMPTS)])
+    for t in st.fixed():
+        t[1] = float("nan")
+    for c in st.caches():
+        c.k[1], c.v[1] = float("nan"), float("nan")
+    k, js = ROUNDS[1]
+    ids = torch.cat([s[:, p: p + k] for s, p in zip(seqs, PROMPTS)])
+    lg, _, _ = model.extend(st.select(range(4)), ids)  # (a copy: the state above is poisoned)
+    ref, _, _ = model.extend(InferenceState.cat([model.prefill(s[:, :n], reserve=8)[2]
+                                                 for s, n in zip(seqs, PROMPTS)]), ids)
+    assert not torch.isfinite(lg[1]).any()
+    for b in (0, 2, 3):
+        close(lg[b], ref[b], tol=0.0, what=f"row {b}")
+
+
 def _decode(model, st: InferenceState, tokens: list[int], steps: int) -> list[torch.Tensor]:
     """Greedy steps from `st` fed `tokens` (one per row); the logits of each step."""
     out = []
