@@ -121,9 +121,12 @@ def decide_rows(p: Tensor, q: Tensor, drafts: Tensor, u_accept: Tensor, gammas: 
     idx = drafts.to(torch.int64).unsqueeze(-1)
     p_d = p[:, :G].gather(-1, idx).squeeze(-1).to(torch.float64)
     q_d = q.gather(-1, idx).squeeze(-1).to(torch.float64)
-    ok = (u_accept.to(torch.float64) * q_d < p_d) & (torch.arange(G, device=dev) < g[:, None])
+    ok = u_accept.to(torch.float64) * q_d < p_d
+    full = gammas.count(G) == B  # every row drafted G tokens: no padding to mask
+    if not full:
+        ok &= torch.arange(G, device=dev) < g[:, None]
     n = ok.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # leading accepts, at most gammas[b]
-    bonus = p[rows, g].to(torch.float64)  # p̃ after all of a row's drafts
+    bonus = (p[:, G] if full else p[rows, g]).to(torch.float64)  # p̃ after a row's drafts
     if dev.type == "cpu" and bool((n == g).all()):  # a free host read: skip the unused residual
         return n, bonus
     m = torch.minimum(n, (g - 1).clamp(min=0))

@@ -20,6 +20,7 @@ float differently in the last place (a product over 16 rows need not round as on
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -141,8 +142,8 @@ def prefill_prompt(model: StripedHyena, prompt: list[int] | tuple[int, ...], res
 
 def all_finite(logits: Tensor) -> bool:
     """True when no entry is NaN or inf. One sum shows any of them (a sum that only overflows
-    is rechecked entry by entry); 2 us where isfinite(...).all() takes 9-19 us per step/round."""
-    return bool(torch.isfinite(logits.sum())) or bool(torch.isfinite(logits).all())
+    is rechecked entry by entry), cheaper than isfinite(...).all() on every round."""
+    return math.isfinite(float(logits.sum())) or bool(torch.isfinite(logits).all())
 
 
 def nonfinite_error(position: int, label: str) -> RunError:
@@ -181,6 +182,7 @@ class BatchDecoder:
         self.track_margins = track_margins
         self.on_round = on_round
         self.mode = "speculative" if drafter is not None else "native"
+        self.on_gpu = model.device.type != "cpu"
         self.prefix = drafter.prefix_len if drafter is not None else 0
         # rows live in step: self.state's row b is self.rows[b] and self.draft's row b
         self.state: InferenceState | None = None
@@ -193,18 +195,23 @@ class BatchDecoder:
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
         """Yield each job's outcome as it finishes (completion order, not input order)."""
         queue = _Peekable(iter(jobs))
-        yield from self._fill(queue, free=list(range(self.batch_size)))
+        done, _ = self._fill(queue, free=list(range(self.batch_size)))
+        yield from done
         while self.rows:
-            finished = yield from self._round()
-            yield from self._refill(queue, finished)
+            done, finished = self._round()
+            yield from done
+            if finished:
+                yield from self._refill(queue, finished)
         self.state, self.draft, self._shared = None, None, None
 
-    def _round(self) -> Iterator[Outcome]:
-        """One round for every live row; yields the rows that failed; returns the finished slots."""
+    def _round(self) -> tuple[list[Outcome], list[int]]:
+        """One round for every live row: the outcomes of the rows that finished or failed, and
+        their slots."""
         model, state, rows = self.model, self.state, self.rows
         assert state is not None
         t0 = time.perf_counter()
-        gammas = [min(self.gamma, r.remaining - 1) for r in rows]
+        B = len(rows)
+        gammas = [min(self.gamma, r.remaining - 1) for r in rows] if self.gamma else [0] * B
         G = max(gammas)
         anchors = torch.tensor([[r.anchor] for r in rows], dtype=torch.long)
         prop = None
@@ -215,10 +222,11 @@ class BatchDecoder:
         else:
             ids = anchors
         t1 = time.perf_counter()
-        ids = ids.to(model.device)
+        if self.on_gpu:
+            ids = ids.to(model.device)
         snapshot = state.clone() if self.rollback == "replay" else None
         logits, hidden, block = model.extend(state, ids)
-        B, k, V = logits.shape
+        k, V = logits.shape[1:]
         p = sampler_probs(logits.reshape(B * k, V), self.sampler).view(B, k, V)
         pos = state.lengths  # row b's anchor sits at pos[b]; its draft j at pos[b] + j
         if prop is not None:
@@ -230,32 +238,33 @@ class BatchDecoder:
             n, dist = decide_rows(p, prop.q[:, :G], prop.drafts[:, :G], u_acc, gammas)
             m = n.tolist()
         else:
-            m, dist = [0] * B, p[:, 0].to(torch.float64)
+            m, dist = [0] * B, p[:, 0]  # a native step: p̃ itself (drawn from in fp64 below)
         bad = self._nonfinite_rows(logits, m, pos)
         # the bonus token is a plain draw from p̃ (SAMPLE stream); a correction has its own stream
-        u_next = [r.job.rng.floats([pos[b] + m[b] + 1], Purpose.SAMPLE if m[b] == g
-                                   else Purpose.RESIDUAL)[0]
+        u_next = [r.job.rng.float(pos[b] + m[b] + 1, Purpose.SAMPLE if m[b] == g
+                                  else Purpose.RESIDUAL)
                   for b, (r, g) in enumerate(zip(rows, gammas))]
         nxt = sample_from_probs(dist, torch.tensor(u_next, dtype=torch.float64,
                                                    device=dist.device)).tolist()
         margins = self._margins(logits) if self.track_margins else None
         counts = [x + 1 for x in m]
         if snapshot is None:
-            self.state = block.commit(counts)
+            self.state = block.commit(counts if prop is not None else 1)
         else:
             self.state = model.extend(snapshot, ids[:, : max(counts)])[2].commit(counts)
         t2 = time.perf_counter()
         if self.draft is not None:
             self.draft.observe(ids, hidden, counts)
         finished: list[int] = []
+        done: list[Outcome] = []
         emitted = 0
         for b, r in enumerate(rows):
             res = r.result
             if b in bad:
                 finished.append(b)
-                yield Outcome(r.job, error=nonfinite_error(bad[b], r.job.label))
+                done.append(Outcome(r.job, error=nonfinite_error(bad[b], r.job.label)))
                 continue
-            new = ids[b, 1: m[b] + 1].tolist() + [nxt[b]]
+            new = ids[b, 1: m[b] + 1].tolist() + [nxt[b]] if m[b] else [nxt[b]]
             res.tokens.extend(new)
             emitted += len(new)
             r.anchor = nxt[b]
@@ -274,10 +283,10 @@ class BatchDecoder:
             if r.remaining <= 0:
                 finished.append(b)
                 res.wall_s = time.perf_counter() - r.t_start
-                yield Outcome(r.job, result=res)
+                done.append(Outcome(r.job, result=res))
         if self.on_round is not None:
             self.on_round(RoundReport(emitted, B, sum(m), sum(gammas)))
-        return finished
+        return done, finished
 
     def _nonfinite_rows(self, logits: Tensor, m: list[int], pos: tuple[int, ...]
                         ) -> dict[int, int]:
@@ -302,18 +311,18 @@ class BatchDecoder:
         self._shared = ((job.rng.record, job.prompt), prefilled)
 
     # ------------------------------------------------------------------ rows come and go
-    def _refill(self, queue: "_Peekable", finished: list[int]) -> Iterator[Outcome]:
+    def _refill(self, queue: "_Peekable", finished: list[int]) -> list[Outcome]:
         """Queued jobs take the finished slots; slots nobody takes leave the batch."""
-        if not finished:
-            return
-        vacant = yield from self._fill(queue, free=sorted(finished))
+        failed, vacant = self._fill(queue, free=sorted(finished))
         for slot in sorted(vacant, reverse=True):
             self._remove(slot)
+        return failed
 
-    def _fill(self, queue: "_Peekable", free: list[int]) -> Iterator[Outcome]:
-        """Put queued jobs into the `free` slots (a new batch when there is none); yields the
-        jobs whose prefill failed; returns the slots left free."""
+    def _fill(self, queue: "_Peekable", free: list[int]) -> tuple[list[Outcome], list[int]]:
+        """Put queued jobs into the `free` slots (a new batch when there is none): the outcomes
+        of jobs whose prefill failed, and the slots left free."""
         joins: list[tuple[list[int], list[Job], Prefilled, float]] = []
+        failed: list[Outcome] = []
         while free and queue.peek() is not None:
             first = queue.next()
             group = [first]
@@ -323,16 +332,15 @@ class BatchDecoder:
             try:
                 pre = self._prefilled(first)
             except Exception as exc:  # noqa: BLE001 - one bad record must not sink the rest
-                for job in group:
-                    yield Outcome(job, error=exc)
+                failed.extend(Outcome(job, error=exc) for job in group)
                 while _same_prompt(queue.peek(), first):
-                    yield Outcome(queue.next(), error=exc)
+                    failed.append(Outcome(queue.next(), error=exc))
                 continue
             joins.append((free[: len(group)], group, pre, t_start))
             free = free[len(group):]
         if joins:
             self._join(joins)
-        return free
+        return failed, free
 
     def _prefilled(self, job: Job) -> Prefilled:
         """The job's prompt prefilled (once for all the samples of a record)."""

@@ -24,6 +24,7 @@ __all__ = [
     "argmax_lowest",
     "sampler_probs",
     "uniform",
+    "uniform_float",
     "uniform_floats",
     "sample_from_probs",
 ]
@@ -201,6 +202,11 @@ def _key_hash(seed: int, record: int, sample: int, purpose: int) -> int:
     for name, key in (("seed", seed), ("record", record), ("sample", sample), ("purpose", purpose)):
         h = _fmix_int(h + (_check_key(name, key) + 1) * _GOLDEN)
     return h
+
+
+def uniform_float(seed: int, record: int, sample: int, position: int, purpose: int) -> float:
+    """`uniform` for one position as a host float (a decode step's draw)."""
+    return _unit_int(_key_hash(seed, record, sample, purpose), _check_key("position", position))
 
 
 def uniform_floats(seed: int, record: int, sample: int, positions: range | list[int],

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .layers import Derived, ResidualBlock, linear
-from .state import KVCache, KVPending, KVState, Lengths, positions_index
+from .state import KVCache, KVPending, KVState, Lengths, positions_index, same_position
 
 QUERY_CHUNK = 1024  # long prefill chunks attend in slices of queries to bound the score matrix
 
@@ -52,7 +52,7 @@ class RotaryEmbedding(nn.Module):
             rows = B
         else:
             cos, sin = self.table(max(t0) + k)
-            if all(t == t0[0] for t in t0):  # every row at the same position: one slice
+            if same_position(t0):  # every row at the same position: one slice
                 cos, sin = cos[t0[0]: t0[0] + k], sin[t0[0]: t0[0] + k]
                 rows = 1
             else:
@@ -121,7 +121,7 @@ def attend_block(q: Tensor, cache: KVCache, t0: Lengths) -> Tensor:
     """Queries of row b at positions t0[b]..t0[b]+k-1 over that row's keys 0..t0[b]+k-1 (causal
     inside the block); rows at different positions mask the keys a row has not written."""
     k = q.shape[2]
-    if any(t != t0[0] for t in t0):
+    if not same_position(t0):
         return _attend_ragged(q, cache, t0)
     t = t0[0]
     keys, vals = cache.k[:, :, : t + k], cache.v[:, :, : t + k]

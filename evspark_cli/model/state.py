@@ -46,14 +46,15 @@ def as_lengths(j: RowCommit, batch: int) -> Lengths:
         j = j.tolist()
     if isinstance(j, int):
         return (int(j),) * batch
-    out = tuple(int(x) for x in j)
+    out = tuple(j) if all(type(x) is int for x in j) else tuple(int(x) for x in j)
     if len(out) != batch:
         raise ValueError(f"commit needs one length per row: {len(out)} for {batch} rows")
     return out
 
 
-def _uniform(lengths: Lengths) -> bool:
-    return all(x == lengths[0] for x in lengths)
+def same_position(lengths: Lengths) -> bool:
+    """Every row at the same position (the common case: one fast path per operation)."""
+    return lengths.count(lengths[0]) == len(lengths)
 
 
 def _index(rows: Sequence[int], device: torch.device) -> Tensor:
@@ -126,7 +127,7 @@ class FIRPending:
     width: int  # K - 1
 
     def commit(self, j: Lengths) -> FIRWindow:
-        if _uniform(j):
+        if same_position(j):
             w = self.widened[..., j[0]: j[0] + self.width]
             # a view for verification blocks; a copy when a long (prefill) buffer would stay pinned
             return FIRWindow(w.clone() if self.widened.shape[-1] > 2 * self.width + 64 else w)
@@ -191,12 +192,12 @@ class ModalPending:
 
     def commit(self, j: Lengths) -> ModalState:
         if self.sigmas is not None:
-            if _uniform(j):
+            if same_position(j):
                 return ModalState(self.sigmas[..., j[0] - 1])
             rows = torch.arange(len(j), device=self.sigmas.device)
             return ModalState(self.sigmas[rows, :, :, _index(j, self.sigmas.device) - 1])
         assert self.w is not None and self.log_poles is not None and self.sigma0 is not None
-        if _uniform(j):
+        if same_position(j):
             return ModalState(modal_state_after(self.sigma0, self.w[..., : j[0]], self.log_poles))
         return ModalState(torch.cat([
             modal_state_after(self.sigma0[b: b + 1], self.w[b: b + 1, :, :jb], self.log_poles)
@@ -272,7 +273,7 @@ class KVCache:
         """Store k, v (B, H, n, d_h) at rows t0[b]..t0[b]+n-1 of each row; the new version."""
         n = k.shape[2]
         self.ensure(max(t0) + n)
-        if _uniform(t0):
+        if same_position(t0):
             self.k[:, :, t0[0]: t0[0] + n] = k
             self.v[:, :, t0[0]: t0[0] + n] = v
         else:
@@ -399,7 +400,7 @@ class KVState:
         different positions padded with zeros."""
         n = max(self.lengths)
         k, v = self.cache.k[:, :, :n], self.cache.v[:, :, :n]
-        if not _uniform(self.lengths):
+        if not same_position(self.lengths):
             keep = torch.arange(n, device=k.device)[None, :] < _index(self.lengths, k.device)[:, None]
             k, v = k * keep[:, None, :, None], v * keep[:, None, :, None]
         return {f"{name}.k": k.transpose(1, 2), f"{name}.v": v.transpose(1, 2)}
@@ -446,7 +447,7 @@ class KVPending:
     def commit(self, j: Lengths) -> KVState:
         if self.cache.version != self.version:
             raise StaleBlockError("this block's KV rows were overwritten by a later extend")
-        return KVState(self.cache, tuple(t + n for t, n in zip(self.t0, j)), self.version)
+        return KVState(self.cache, tuple([t + n for t, n in zip(self.t0, j)]), self.version)
 
     def outputs(self) -> list[Tensor]:
         return []
@@ -548,7 +549,7 @@ class InferenceState:
     @property
     def seqlen(self) -> int:
         """The position of every row (rows at different positions: use `lengths`)."""
-        if not _uniform(self.lengths):
+        if not same_position(self.lengths):
             raise ValueError(f"rows are at different positions {self.lengths}; use .lengths")
         return self.lengths[0]
 
@@ -645,19 +646,24 @@ class Block:
     @property
     def seqlen0(self) -> int:
         """The position of every row before the block (rows at different positions: lengths0)."""
-        if not _uniform(self.lengths0):
+        if not same_position(self.lengths0):
             raise ValueError(f"rows are at different positions {self.lengths0}; use .lengths0")
         return self.lengths0[0]
 
     def commit(self, j: RowCommit) -> InferenceState:
         """The state after the first j tokens of the block (1 <= j <= k; one j for every row or
         one per row), by slicing only."""
-        js = as_lengths(j, len(self.lengths0))
-        bad = next((x for x in js if not 1 <= x <= self.k), None)
-        if bad is not None:
-            raise ValueError(f"commit({bad}) outside 1..{self.k}")
-        return InferenceState(tuple(p.commit(js) for p in self.pendings),
-                              tuple(t + n for t, n in zip(self.lengths0, js)))
+        if type(j) is int:  # one j for every row (a decode step, a uniform batch): no checks per row
+            if not 1 <= j <= self.k:
+                raise ValueError(f"commit({j}) outside 1..{self.k}")
+            js = (j,) * len(self.lengths0)
+        else:
+            js = as_lengths(j, len(self.lengths0))
+            if min(js) < 1 or max(js) > self.k:
+                bad = min(js) if min(js) < 1 else max(js)
+                raise ValueError(f"commit({bad}) outside 1..{self.k}")
+        return InferenceState(tuple([p.commit(js) for p in self.pendings]),
+                              tuple([t + n for t, n in zip(self.lengths0, js)]))
 
     def outputs(self) -> list[Tensor]:
         """The per-position tensors of every layer (what a recorded graph produces), in order."""

@@ -19,7 +19,7 @@ from torch import Tensor
 from ...model.model import StripedHyena
 from ...model.state import InferenceState
 from ..sampling import (Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform,
-                        uniform_floats)
+                        uniform_float, uniform_floats)
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,10 @@ class RngKey:
 
     def u(self, position: int | range | Tensor, purpose: Purpose) -> Tensor:
         return uniform(self.seed, self.record, self.sample, position, int(purpose))
+
+    def float(self, position: int, purpose: Purpose) -> float:
+        """The number `u` gives for one position, as a host float."""
+        return uniform_float(self.seed, self.record, self.sample, position, int(purpose))
 
     def floats(self, positions: range | list[int], purpose: Purpose) -> list[float]:
         """The same numbers as `u` for a few positions, as host floats."""

@@ -196,10 +196,15 @@ class DSparkRows:
         if row < len(self.contexts):
             self.contexts[row] = last
 
-    def observe(self, fed: Tensor, hidden: Tensor, counts: Sequence[int]) -> None:
+    def observe(self, fed: Tensor, hidden: Tensor, counts: list[int]) -> None:
         """Each row's prefix moves on by its committed positions (a gather, one op per tensor)."""
         B, P = self.buf.shape[:2]
         k = hidden.shape[1]
+        n = counts[0]
+        if counts.count(n) == len(counts):  # every row moves on by n: one copy
+            self.buf = torch.cat([self.buf[:, n:], hidden[:, :n].to(self.buf.dtype)], dim=1)[:, -P:]
+            self.valid = torch.cat([self.valid[:, n:], self.valid.new_ones(B, n)], dim=1)[:, -P:]
+            return
         both = torch.cat([self.buf, hidden.to(self.buf.dtype)], dim=1)  # (B, P + k, L, D)
         ok = torch.cat([self.valid, self.valid.new_ones(B, k)], dim=1)
         start = torch.tensor(counts, device=both.device)[:, None]
