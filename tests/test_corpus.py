@@ -9,14 +9,8 @@ import pytest
 import torch
 
 from evspark_cli.errors import InputError
-from evspark_cli.train.corpus import (
-    Corpus,
-    encode_sequence,
-    fasta_files,
-    iter_eval_windows,
-    read_fasta,
-    reverse_complement,
-)
+from evspark_cli.eval.score import iter_eval_windows
+from evspark_cli.train.corpus import Corpus, fasta_files, read_fasta, reverse_complement
 
 from tiny import PHIX  # noqa: E402  (../shared beside the repository)
 
@@ -49,7 +43,7 @@ def test_reading_and_metadata(tiny: Corpus) -> None:
     assert tiny.lengths.tolist() == [50, 120, 80, 5] and tiny.total_length == 255
     rec = tiny["recC"]
     assert rec.seq.dtype == np.uint8 and set(rec.seq.tolist()) == {ord("C")}  # upper-cased
-    assert rec.description == "recC test record"
+    assert rec.description == "test record"  # the header after the id, as for prompts
     assert tiny[2].name == "recG" and len(tiny) == 4
 
 
@@ -76,6 +70,10 @@ def test_window_contents_and_positions(tmp_path: Path) -> None:
     for row in w:
         text = bytes(row.to(torch.uint8).tolist()).decode()
         assert any(text in s for s in seqs)
+
+
+def encode_sequence(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("ascii"), np.uint8).copy()
 
 
 def test_reverse_complement_iupac() -> None:
@@ -133,7 +131,7 @@ def test_eval_tiling_scores_each_position_once(n: int, window: int, context: int
 
 
 def test_eval_tiling_on_corpus_record(tiny: Corpus) -> None:
-    chunks = list(tiny.iter_eval_windows("recA", 16, 8))
+    chunks = list(iter_eval_windows(tiny["recA"].seq, 16, 8))
     assert [s for _, s in chunks] == [1, 8, 8, 8]
     assert sum(len(ids) - s for ids, s in chunks) == 49
     assert torch.equal(chunks[0][0], torch.full((17,), 65))
@@ -143,7 +141,7 @@ def test_eval_tiling_on_corpus_record(tiny: Corpus) -> None:
 
 
 def test_bad_input(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="non-IUPAC"):
+    with pytest.raises(InputError, match="invalid character '-' at position 5"):
         read_fasta(write_fasta(tmp_path / "bad.fa", [("x", "ACGT-ACGT")]))
     with pytest.raises(InputError):
         fasta_files(tmp_path / "missing")
@@ -167,6 +165,6 @@ def test_real_phix174() -> None:
     assert abs(gc - 0.448) < 0.001  # README: GC 44.8 %
     w = c.sample_windows(8, 512, torch.Generator().manual_seed(0))
     assert w.shape == (8, 513)
-    assert sum(len(ids) - s for ids, s in c.iter_eval_windows(0, 1024, 256)) == 5385
+    assert sum(len(ids) - s for ids, s in iter_eval_windows(c[0].seq, 1024, 256)) == 5385
     # the directory form reads the same file among the split
     assert "NC_001422.1" in Corpus.from_paths(PHIX.parent).names

@@ -25,13 +25,16 @@ from typing import IO, Any, Protocol
 
 from Bio.SeqIO.FastaIO import SimpleFastaParser
 
-from evspark_cli.errors import InputError
+from ..alphabet import IUPAC as _IUPAC_LETTERS
+from ..errors import InputError
+from .shard import parse_shard, select_shard
 
-__all__ = ["IUPAC", "Prompt", "read_prompts", "parse_region", "Region", "default_index_dir"]
+__all__ = ["IUPAC", "Prompt", "read_prompts", "iter_records", "parse_region", "Region",
+           "default_index_dir"]
 
-#: IUPAC nucleotide codes (any case on input). Gaps ('-', '.') and stop ('*') are rejected: a
-#: language-model prompt is a sequence, not an alignment row or a protein.
-IUPAC: frozenset[str] = frozenset("ACGTUNRYSWKMBDHV")
+#: IUPAC nucleotide codes (any case on input; alphabet.py). Gaps ('-', '.') and stop ('*') are
+#: rejected: a language-model prompt is a sequence, not an alignment row or a protein.
+IUPAC: frozenset[str] = frozenset(_IUPAC_LETTERS)
 
 _INVALID = re.compile("[^" + "".join(sorted(IUPAC | {c.lower() for c in IUPAC})) + "]")
 _WHITESPACE = str.maketrans("", "", " \t\r\n\v\f")
@@ -559,7 +562,18 @@ def _read_regions(
         return prompts
 
 
-# --------------------------------------------------------------------------- entry point
+# --------------------------------------------------------------------------- entry points
+
+
+def iter_records(path: str | os.PathLike[str]) -> Iterator[Prompt]:
+    """Every record of one FASTA input (plain, gzip, BGZF or '-'), validated and upper-cased,
+    one at a time: a reader of whole genomes (training) holds one record's text at a time.
+
+    Empty records are yielded (with an empty sequence); `read_prompts` refuses them.
+    """
+    path = os.fspath(path)
+    for rid, desc, seq in _iter_records(path):
+        yield Prompt(rid, desc, _clean(seq, f"record {rid!r} in {path}"), path)
 
 
 def read_prompts(
@@ -567,26 +581,28 @@ def read_prompts(
     regions: list[str] | None = None,
     prompt_tail: int | None = None,
     index_dir: str | None = None,
+    shard: str | tuple[int, int] | None = None,
 ) -> list[Prompt]:
     """Read, validate and upper-case every record of every input (or only `regions`).
 
     Without regions, records come in input order; with regions, only the regions, in the order
     given, with id `ID:START-END` (or `ID` for a whole record) and an empty description.
-    `prompt_tail` keeps the last N bases. Raises InputError with a one-line message.
+    `prompt_tail` keeps the last N bases; `shard` ("I/N") keeps every N-th prompt from the I-th
+    (io/shard.py). Raises InputError with a one-line message.
     """
     tail = _check_tail(prompt_tail)
+    shard_t = parse_shard(shard) if isinstance(shard, str) else shard
     inputs = [os.fspath(p) for p in inputs]  # Path objects are fine too
     _check_inputs(inputs)
     if regions:
-        return _read_regions(inputs, list(regions), tail, None if index_dir is None else os.fspath(index_dir))
+        index = None if index_dir is None else os.fspath(index_dir)
+        return select_shard(_read_regions(inputs, list(regions), tail, index), shard_t)
     prompts: list[Prompt] = []
     seen: dict[str, str] = {}
     for path in inputs:
-        for rid, desc, seq in _iter_records(path):
-            what = f"record {rid!r} in {path}"
-            if not seq:
-                raise _fail(f"{what} is empty (no sequence)")
-            _record_dup(rid, path, seen)
-            prompts.append(Prompt(rid, desc, _tail(_clean(seq, what), tail), path))
-    return prompts
-
+        for p in iter_records(path):
+            if not p.seq:
+                raise _fail(f"record {p.id!r} in {path} is empty (no sequence)")
+            _record_dup(p.id, path, seen)
+            prompts.append(Prompt(p.id, p.description, _tail(p.seq, tail), path))
+    return select_shard(prompts, shard_t)
