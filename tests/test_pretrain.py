@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from evspark_cli.model.checkpoint import default_model_dir, load_model
+from evspark_cli.bundled import default_model_dir
+from evspark_cli.model.checkpoint import load_model
 from evspark_cli.train.pretrain import TrainConfig, Trainer, keep_poles_stable, lr_at
 from tiny import PHIX, ROOT, SHARED, tiny_config
 

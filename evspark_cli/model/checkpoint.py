@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from ..bundled import default_model_dir
 from ..errors import InputError, ModelError
 from .config import ModelConfig
 from .layers import input_major
@@ -26,24 +27,6 @@ from .model import StripedHyena
 FP32_KEEP = ("filter.log_poles", "filter.residues", "rotary_emb.inv_freq")
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
-
-
-def repo_models_dir() -> Path:
-    """Where bundled models live: $EVSPARK_MODELS, else `models/` beside the package."""
-    env = os.environ.get("EVSPARK_MODELS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "models"
-
-
-def default_model_dir() -> Path:
-    """The bundled target: the folder named in models/DEFAULT, else the only target there."""
-    root = repo_models_dir()
-    marker = root / "DEFAULT"
-    if marker.is_file():
-        return root / marker.read_text().strip()
-    cands = sorted(p.parent for p in root.glob(f"*/{WEIGHTS}"))
-    if not cands:
-        raise ModelError(f"no bundled model found in {root}; pass --model DIR")
-    return cands[0]
 
 
 def resolve_device(device: str | None) -> torch.device:
