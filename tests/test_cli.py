@@ -256,13 +256,13 @@ def _generated_ids(monkeypatch) -> list[str]:
     import evspark_cli.api as api
 
     seen: list[str] = []
-    real = api.generate
+    real = api.continue_prompt
 
     def spy(*a, **kw):
         seen.append(kw["record_id"])
         return real(*a, **kw)
 
-    monkeypatch.setattr(api, "generate", spy)
+    monkeypatch.setattr(api, "continue_prompt", spy)
     return seen
 
 
@@ -287,7 +287,7 @@ def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, re
     ref, ref_stats = _reference(tmp_path, model, src, opts)
     out, stats = tmp_path / "out.fa", tmp_path / "out.tsv"
 
-    real, calls = api.generate, []
+    real, calls = api.continue_prompt, []
 
     def interrupt_third(*a, **kw):
         calls.append(kw["record_id"])
@@ -295,7 +295,7 @@ def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, re
             raise KeyboardInterrupt
         return real(*a, **kw)
 
-    monkeypatch.setattr(api, "generate", interrupt_third)
+    monkeypatch.setattr(api, "continue_prompt", interrupt_third)
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 130 and "--resume" in r.err and "Traceback" not in r.err
     assert not out.exists() and not stats.exists()
@@ -303,7 +303,7 @@ def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, re
     assert len(Path(f"{stats}.partial").read_text().splitlines()) == 3
 
     # without --resume the partial is protected
-    monkeypatch.setattr(api, "generate", real)
+    monkeypatch.setattr(api, "continue_prompt", real)
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 2 and "--resume" in r.err
     # settings that differ from the finished records' headers would mix two runs in one file
@@ -323,7 +323,7 @@ _KILLER = """
 import os, signal, sys, time
 import evspark_cli.api as api
 from evspark_cli import cli
-real, calls, mode = api.generate, [], sys.argv[1]
+real, calls, mode = api.continue_prompt, [], sys.argv[1]
 def patched(*a, **kw):
     calls.append(1)
     if len(calls) == 3:
@@ -331,7 +331,7 @@ def patched(*a, **kw):
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(120)  # the parent sends SIGINT meanwhile
     return real(*a, **kw)
-api.generate = patched
+api.continue_prompt = patched
 sys.argv = ["evspark"] + sys.argv[2:]
 cli.main()
 """
@@ -414,14 +414,14 @@ def test_one_failing_record_keeps_the_others(tmp_path, model, recs, monkeypatch)
     opts = ["-n", 6, "--seed", 2]
     ref, _ = _reference(tmp_path, model, src, opts)
     out, stats = tmp_path / "out.fa", tmp_path / "out.tsv"
-    real = api.generate
+    real = api.continue_prompt
 
     def faulty(*a, **kw):
         if kw["record_id"] == "r2":
             raise RuntimeError("planted fault")
         return real(*a, **kw)
 
-    monkeypatch.setattr(api, "generate", faulty)
+    monkeypatch.setattr(api, "continue_prompt", faulty)
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 1 and "Traceback" not in r.err
     assert "record 'r2' failed: planted fault" in r.err
@@ -429,7 +429,7 @@ def test_one_failing_record_keeps_the_others(tmp_path, model, recs, monkeypatch)
     assert not out.exists() and not stats.exists()
     assert list(split_fasta(Path(f"{out}.partial").read_text())) == ["r1", "r3", "r4", "r5"]
 
-    monkeypatch.setattr(api, "generate", real)
+    monkeypatch.setattr(api, "continue_prompt", real)
     seen = _generated_ids(monkeypatch)
     ok(gen(model, src, "-o", out, "--stats", stats, "--resume", *opts))
     assert seen == ["r2"]

@@ -17,14 +17,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from evspark_cli.errors import InputError, RunError
+from ..errors import InputError, RunError, SettingError
 
 try:  # POSIX: refuse two processes appending to the same partial file
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["check_output_path", "FastaOutput", "StatsOutput", "PARTIAL_SUFFIX"]
+__all__ = ["check_output_path", "check_distinct_outputs", "fasta_letters", "write_text_atomic",
+           "FastaOutput", "StatsOutput", "PARTIAL_SUFFIX"]
 
 PARTIAL_SUFFIX = ".partial"
 _T = TypeVar("_T", bound="_PartialOutput")
@@ -63,6 +64,37 @@ def check_output_path(path: str | None) -> None:
         raise InputError(f"{path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{path}: output directory {parent} is not writable")
+
+
+def check_distinct_outputs(inputs: Sequence[str] | None,
+                           outputs: Sequence[tuple[str, str | None]]) -> None:
+    """Outputs (option, path) must not be an input (it would be overwritten) nor each other."""
+    seen: dict[str, str] = {}
+    ins = {os.path.realpath(p) for p in (inputs or []) if p != "-" and os.path.exists(p)}
+    for opt, path in outputs:
+        if _is_stdout(path):
+            continue
+        assert path is not None
+        k = os.path.realpath(path)
+        if k in ins:
+            raise InputError(f"{opt} {path} is also an input; it would be overwritten")
+        if k in seen:
+            raise InputError(f"{opt} and {seen[k]} name the same file {path}")
+        seen[k] = opt
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """A small output (a JSON report) written whole or not at all."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def fasta_letters(text: str) -> str:
+    """Generated tokens as FASTA letters: anything that is not a letter (a model can emit any of
+    its 512 ids) is written as N, so the output always parses."""
+    return "".join(c if ("A" <= c <= "Z" or "a" <= c <= "z") else "N" for c in text)
 
 
 class _PartialOutput:
@@ -265,6 +297,20 @@ class FastaOutput(_PartialOutput):
         body = "".join(seq[i : i + w] + "\n" for i in range(0, len(seq), w))
         self._emit(header + "\n" + body, record_id)
 
+    def check_resumed(self, want: Mapping[str, str]) -> None:
+        """Refuse to --resume a FASTA whose finished records were made with other settings (their
+        headers record them as `evspark key=value ...`): the final file would mix two runs."""
+        for rid, desc in self.done_descriptions.items():
+            words = desc.split()
+            if not words or words[0] != "evspark":  # not a header this tool wrote
+                continue
+            got = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+            for key, value in want.items():
+                if key in got and got[key] != value:
+                    raise InputError(f"--resume: {self.partial} has record '{rid}' made with "
+                                     f"{key}={got[key]}, this run has {key}={value}; rerun with "
+                                     "the same options or delete the .partial")
+
     def _scan(self, data: bytes) -> tuple[int, list[str]]:
         lines = _split_lines(data)
         if lines and not data.startswith(b">"):
@@ -372,7 +418,7 @@ class StatsOutput(_PartialOutput):
             assert path is not None
             ext = os.path.splitext(path)[1].lower()
             if ext not in (".tsv", ".jsonl"):
-                raise InputError(f"{path}: stats file must end in .tsv or .jsonl")
+                raise SettingError.of("stats", f"{path}: use a .tsv or .jsonl file name")
             self.format = ext[1:]
         super().__init__(path, resume)
         if self.path is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,9 +23,11 @@ from typing import Callable
 
 import torch
 
-from ..decode.drafters.dspark import DNA, DSparkConfig, DSparkNet, save_drafter
+from ..alphabet import BASE_IDS
+from ..decode.drafters.dspark import DSparkConfig, DSparkNet, save_drafter
 from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
-from ..model.checkpoint import load_model, resolve_device, weights_hash
+from ..errors import InputError, SettingError, at_least
+from ..model.checkpoint import WEIGHTS, load_model, resolve_device, weights_hash
 from ..model.model import StripedHyena
 from .codec import EncodedRows, ShardReader, ShardWriter, decode, encode
 from .corpus import Corpus
@@ -48,6 +51,22 @@ class CacheConfig:
     codec: str = "bf16"
     device: str = "auto"  # where the target runs (auto: CUDA when present)
 
+    def validate(self) -> CacheConfig:
+        at_least("window", self.window, 1)
+        for name in ("natural_windows", "onpolicy_windows"):
+            at_least(name, getattr(self, name), 0)
+        if self.natural_windows + self.onpolicy_windows < 1:
+            raise SettingError("{0} plus {1} must be >= 1", "natural_windows", "onpolicy_windows")
+        return self
+
+    @property
+    def onpolicy_prompt_len(self) -> int:
+        """Natural tokens before the target writes: a prompt that would fill the whole window
+        (the 512 default with a short window) falls back to half the window."""
+        if 0 < self.onpolicy_prompt < self.window:
+            return self.onpolicy_prompt
+        return max(1, self.window // 2)
+
 
 @dataclass
 class DistillConfig:
@@ -57,7 +76,7 @@ class DistillConfig:
     steps: int = 2000
     batch: int = 64
     gamma: int = 12
-    gamma_max: int = 16
+    gamma_max: int = DSparkConfig.gamma_max  # the drafter's slots: the largest gamma it serves
     width: int = 128
     layers: int = 2
     heads: int = 4
@@ -71,6 +90,19 @@ class DistillConfig:
     ckpt_every: int = 200
     log_every: int = 25
     device: str = "auto"  # where the drafter trains; the cache stays in host memory
+
+    def validate(self) -> DistillConfig:
+        for name in ("steps", "batch", "gamma"):
+            at_least(name, getattr(self, name), 1)
+        if self.gamma > self.gamma_max:
+            raise SettingError.of("gamma", f"must be <= {self.gamma_max} (the drafter's largest "
+                                           "block)")
+        for name in ("layers", "prefix_len"):
+            at_least(name, getattr(self, name), 1)
+        if self.width < self.heads or self.width % self.heads:
+            raise SettingError.of("width", f"must be a positive multiple of {self.heads} (the "
+                                           f"drafter's heads), got {self.width}")
+        return self
 
 
 # ------------------------------------------------------------------------------ teacher cache
@@ -101,7 +133,7 @@ def teacher_rows(model: StripedHyena, seqs: torch.Tensor, sampler: SamplerConfig
     """Teacher-forced hidden states, p̃ on the alphabet and the mass outside it, for (B, S)."""
     logits, hidden = model(seqs.to(model.device), return_hidden=True)
     p = sampler_probs(logits.float(), sampler)
-    alpha = torch.tensor(DNA, device=p.device)
+    alpha = torch.tensor(BASE_IDS, device=p.device)
     pa = p[..., alpha]
     return {"tokens": seqs.cpu().to(torch.int16), "p_alpha": pa.cpu(),
             "p_other": (1 - pa.sum(-1)).clamp(min=0).cpu(),
@@ -114,14 +146,17 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
     model = load_model(cfg.target, device=cfg.device)
     sampler = SamplerConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     corpus = Corpus.from_paths(cfg.train)
+    prompt_len = cfg.onpolicy_prompt_len  # on-policy windows: a natural prompt, then the target
+    need = max(cfg.window if cfg.natural_windows else 0, prompt_len if cfg.onpolicy_windows else 0)
+    longest = int(corpus.lengths.max()) if len(corpus) else 0
+    if longest < need:
+        raise SettingError(f"{{0}}: no record is at least {need} bases long (longest: {longest}); "
+                           "lower {1}", "train", "window")
     gen = torch.Generator().manual_seed(cfg.seed)
-    # on-policy windows: a natural prompt, then target-written tokens; a prompt that would fill the
-    # whole window (the 512 default with a short --window) falls back to half the window
-    prompt_len = cfg.onpolicy_prompt if 0 < cfg.onpolicy_prompt < cfg.window else max(1, cfg.window // 2)
     meta = {"cache_config": asdict(cfg), "onpolicy_prompt": prompt_len,
             "target_hash": weights_hash(cfg.target),
             "target_hidden_layers": model.config.drafter_layers, "hidden_size": model.config.hidden_size,
-            "alphabet": DNA}
+            "alphabet": list(BASE_IDS)}
     t0 = time.time()
     with ShardWriter(out, prefix="teacher", max_rows_per_shard=64, metadata=meta, overwrite=True) as w:
         done = 0
@@ -142,6 +177,30 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
                     f"({time.time() - t0:.0f} s)")
     (out / "cache_config.json").write_text(json.dumps(asdict(cfg), indent=1))
     return out
+
+
+def prepare_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
+    """The teacher cache in cfg.out_dir: reused when it holds one (made from cfg.target's
+    weights), else built from cfg.train. A new cache that fails half-way is removed."""
+    out, target = Path(cfg.out_dir), Path(cfg.target)
+    if (out / "index.json").is_file():
+        meta = json.loads((out / "index.json").read_text()).get("metadata", {})
+        built_from = meta.get("target_hash")
+        if (target / WEIGHTS).is_file() and built_from and built_from != weights_hash(target):
+            raise InputError(f"teacher cache {out} was built from another target than {target}; "
+                             "pass another --cache (with --train) to build one for it")
+        return out
+    if not cfg.train:
+        raise InputError(f"no teacher cache at {out}; pass --train FASTA... to build it")
+    if out.exists() and not out.is_dir():
+        raise SettingError.of("cache", f"{out} is a file, not a folder")
+    fresh = not out.exists()
+    try:
+        return build_cache(cfg, log)
+    except BaseException:
+        if fresh:  # no half-built cache left behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 # ------------------------------------------------------------------------------ training

@@ -13,17 +13,18 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputError, ModelError
+from ..errors import InputError, ModelError, SettingError, at_least
+from ..eval.score import score_sequence
+from ..io.fasta import iter_records
 from ..model.checkpoint import save_model
 from ..model.config import ModelConfig
 from ..model.model import StripedHyena
-from ..eval.score import score_sequence
-from .corpus import Corpus
+from .corpus import Corpus, fasta_files
 
 
 @dataclass
@@ -158,6 +159,23 @@ def trim_log(log: Path, step: int) -> None:
     os.replace(tmp, log)
 
 
+def _first_record(path: str) -> torch.Tensor:
+    """Token ids of the first record of a validation file (read no further: genomes are big)."""
+    name = Path(str(path)).name
+    first = next(iter_records(fasta_files([path])[0]), None)
+    if first is None or len(first.seq) < 2:
+        raise InputError(f"valid file {name}: its first record needs at least 2 bases")
+    return torch.tensor(list(first.seq.encode("ascii")), dtype=torch.long)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a run checkpoint holds (0 when there is none or it cannot be read)."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True)["step"])
+    except Exception:  # noqa: BLE001 - only for a message
+        return 0
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print) -> None:
         self.cfg = cfg
@@ -185,10 +203,7 @@ class Trainer:
         if longest < cfg.window + 1:
             raise InputError(f"no training record is at least window + 1 = {cfg.window + 1} bases "
                              f"long (longest: {longest}); lower window or add longer genomes")
-        self.valid = {Path(str(p)).name: Corpus.from_paths([p]) for p in cfg.valid}
-        for name, corpus in self.valid.items():
-            if not len(corpus) or len(corpus.records[0]) < 2:
-                raise InputError(f"valid file {name}: its first record needs at least 2 bases")
+        self.valid = {Path(str(p)).name: _first_record(p) for p in cfg.valid}
         autocast = cfg.bf16_autocast == "on" or (cfg.bf16_autocast == "auto" and self.device.type == "cuda")
         self.autocast = autocast
 
@@ -196,6 +211,16 @@ class Trainer:
     @property
     def ckpt_path(self) -> Path:
         return self.out / "ckpt.pt"
+
+    def start(self, resume: bool = True, export_only: bool = False) -> bool:
+        """Continue from the run's checkpoint when `resume`; True when one was loaded. Exporting
+        alone needs one: without it there is no trained model to export."""
+        resumed = self.resume() if resume else False
+        if export_only and not resumed:
+            where = str(self.ckpt_path).replace("{", "{{").replace("}", "}}")
+            raise SettingError("{0}: no checkpoint " + where + " to export"
+                               + ("" if resume else " (without {1})"), "export_only", "no_resume")
+        return resumed
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -254,8 +279,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
         out = {}
-        for name, corpus in self.valid.items():
-            seq = torch.from_numpy(corpus.records[0].seq)
+        for name, seq in self.valid.items():
             bpn, _ = score_sequence(self.model, seq, self.cfg.eval_context, 1024,
                                     max_tokens=self.cfg.eval_tokens)
             out[name] = round(bpn, 4)
@@ -294,36 +318,46 @@ _POSITIVE = ("steps", "batch_size", "window", "ckpt_every", "eval_tokens", "eval
 _NON_NEGATIVE = ("warmup", "eval_every", "threads", "weight_decay", "grad_clip")
 
 
-def validate_train_config(cfg: TrainConfig) -> TrainConfig:
-    """Refuse values that cannot train (InputError, one line) before any work is done."""
+def validate_train_config(cfg: TrainConfig, given: Collection[str] = ()) -> TrainConfig:
+    """Refuse values that cannot train (one line) before any work is done. A field named in
+    `given` was set by the caller (an option such as --steps), not read from the file: its
+    error names it as a setting."""
     import dataclasses
+
+    def bad(name: str, problem: str) -> InputError:
+        if name in given:
+            return SettingError.of(name, problem)
+        return InputError(f"train config: {name} {problem}")
 
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
         want = {"int": int, "float": (int, float), "str": str, "dict": dict}.get(str(f.type))
         if f.type in ("list[str]",):
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                raise InputError(f"train config: {f.name} must be a list of paths, got {v!r}")
+                raise bad(f.name, f"must be a list of paths, got {v!r}")
         elif want is not None and (not isinstance(v, want) or isinstance(v, bool)):
-            raise InputError(f"train config: {f.name} must be {str(f.type)}, got {v!r}")
+            raise bad(f.name, f"must be {str(f.type)}, got {v!r}")
     for name in _POSITIVE:
         if getattr(cfg, name) < 1:
-            raise InputError(f"train config: {name} must be >= 1, got {getattr(cfg, name)}")
+            raise bad(name, f"must be >= 1, got {getattr(cfg, name)}")
     for name in _NON_NEGATIVE:
         if getattr(cfg, name) < 0:
-            raise InputError(f"train config: {name} must be >= 0, got {getattr(cfg, name)}")
+            raise bad(name, f"must be >= 0, got {getattr(cfg, name)}")
     if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
-        raise InputError(f"train config: lr must be > 0, got {cfg.lr}")
+        raise bad("lr", f"must be > 0, got {cfg.lr}")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
-        raise InputError(f"train config: min_lr_ratio must be in [0, 1], got {cfg.min_lr_ratio}")
+        raise bad("min_lr_ratio", f"must be in [0, 1], got {cfg.min_lr_ratio}")
     if not 0.0 <= cfg.rc_prob <= 1.0:
-        raise InputError(f"train config: rc_prob must be in [0, 1], got {cfg.rc_prob}")
+        raise bad("rc_prob", f"must be in [0, 1], got {cfg.rc_prob}")
     if cfg.bf16_autocast not in ("auto", "on", "off"):
-        raise InputError(f"train config: bf16_autocast must be auto, on or off, got {cfg.bf16_autocast!r}")
+        raise bad("bf16_autocast", f"must be auto, on or off, got {cfg.bf16_autocast!r}")
     return cfg
 
 
-def load_train_config(path: str | Path) -> TrainConfig:
+def load_train_config(path: str | Path, steps: int | None = None) -> TrainConfig:
+    """Read and check a train_config.json; `steps` overrides the file's total steps."""
+    if not Path(path).is_file():
+        raise InputError(f"no such train config: {path}")
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -336,7 +370,22 @@ def load_train_config(path: str | Path) -> TrainConfig:
         raise InputError(f"train config {path}: unknown field(s) {', '.join(unknown)}")
     if "out_dir" not in raw:
         raise InputError(f"train config {path}: out_dir is required")
-    return validate_train_config(TrainConfig(**raw))
+    given = {"steps": steps} if steps is not None else {}
+    return validate_train_config(TrainConfig(**{**raw, **given}), given)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one invocation drives a run: stop (with a checkpoint) at a step, export where."""
+
+    stop_at: int | None = None
+    export: str | None = None  # model folder; None: RUN/model
+
+    def __post_init__(self) -> None:
+        if self.stop_at is not None:
+            at_least("stop_at", self.stop_at, 1)
+        if self.export is not None and Path(self.export).exists() and not Path(self.export).is_dir():
+            raise SettingError.of("export", f"{self.export} is a file, not a model folder")
 
 
 def run_from_config(path: str | Path, resume: bool = True,
