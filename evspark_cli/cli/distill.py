@@ -49,10 +49,10 @@ def distill(
     dest = Path(out) if out else target / "drafters" / f"seed{seed}"
     cfg = DistillConfig(cache=str(cache_dir), out_dir=run_dir or f"{dest}.run", seed=seed,
                         steps=steps, batch=batch, gamma=gamma, width=width, layers=layers,
-                        prefix_len=prefix, device=device).validate()
-    cache_cfg = CacheConfig(target=str(target), out_dir=str(cache_dir), train=list(train_data or []),
-                            natural_windows=natural_windows, onpolicy_windows=onpolicy_windows,
-                            window=window, seed=0, device=device).validate()
+                        prefix_len=prefix, device=device)
+    cache_cfg = CacheConfig(target=str(target), out_dir=str(cache_dir),
+                            train=list(train_data or []), natural_windows=natural_windows,
+                            onpolicy_windows=onpolicy_windows, window=window, seed=0, device=device)
     set_threads(threads)
     prepare_cache(cache_cfg, log=lambda m: None if quiet else say(m))
     trainer = DistillTrainer(cfg)

@@ -88,51 +88,30 @@ def fasta_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 
 class Corpus:
-    """Records held in memory as uint8 byte tokens, with window sampling and eval tiling."""
+    """Records held in memory as uint8 byte tokens (one flat buffer), with window sampling."""
 
     def __init__(self, records: Sequence[Record]) -> None:
         records = list(records)
         lengths = np.array([len(r) for r in records], dtype=np.int64)
         self.lengths: np.ndarray = lengths
         self._offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        flat = np.concatenate([r.seq for r in records]).astype(np.uint8, copy=False) if records else np.zeros(0, np.uint8)
+        flat = (np.concatenate([r.seq for r in records]).astype(np.uint8, copy=False) if records
+                else np.zeros(0, np.uint8))
         self._flat = torch.from_numpy(flat)
         # records become views into the one flat buffer, so the corpus is held once in memory
         self.records: list[Record] = [
             Record(r.name, r.description, r.source, flat[a:b])
             for r, a, b in zip(records, self._offsets[:-1], self._offsets[1:])
         ]
-        self._by_name = {r.name: i for i, r in enumerate(self.records)}
 
     @classmethod
-    def from_paths(cls, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Corpus:
+    def from_paths(cls, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+                   ) -> Corpus:
         """Load every record of the given FASTA files / directories (a directory = one split)."""
         return cls([rec for f in fasta_files(paths) for rec in read_fasta(f)])
 
     def __len__(self) -> int:
         return len(self.records)
-
-    def __getitem__(self, key: int | str) -> Record:
-        return self.records[self._index(key)]
-
-    def _index(self, key: int | str) -> int:
-        if isinstance(key, str):
-            if key not in self._by_name:
-                raise KeyError(f"no record named {key!r}")
-            return self._by_name[key]
-        return range(len(self.records))[key]
-
-    @property
-    def names(self) -> list[str]:
-        return [r.name for r in self.records]
-
-    @property
-    def sources(self) -> list[Path]:
-        return [r.source for r in self.records]
-
-    @property
-    def total_length(self) -> int:
-        return int(self._offsets[-1])
 
     def sample_windows(
         self,

@@ -42,7 +42,7 @@ class CacheConfig:
     natural_windows: int = 256
     onpolicy_windows: int = 128
     window: int = 1024
-    onpolicy_prompt: int = 512  # on-policy windows: this many natural tokens, then the target writes
+    onpolicy_prompt: int = 512  # on-policy windows: this many natural tokens, then the target
     batch: int = 8
     temperature: float = 1.0
     top_k: int = 4
@@ -51,13 +51,12 @@ class CacheConfig:
     codec: str = "bf16"
     device: str = "auto"  # where the target runs (auto: CUDA when present)
 
-    def validate(self) -> CacheConfig:
+    def __post_init__(self) -> None:  # checked once, when built
         at_least("window", self.window, 1)
         for name in ("natural_windows", "onpolicy_windows"):
             at_least(name, getattr(self, name), 0)
         if self.natural_windows + self.onpolicy_windows < 1:
             raise SettingError("{0} plus {1} must be >= 1", "natural_windows", "onpolicy_windows")
-        return self
 
     @property
     def onpolicy_prompt_len(self) -> int:
@@ -91,7 +90,7 @@ class DistillConfig:
     log_every: int = 25
     device: str = "auto"  # where the drafter trains; the cache stays in host memory
 
-    def validate(self) -> DistillConfig:
+    def __post_init__(self) -> None:  # checked once, when built
         for name in ("steps", "batch", "gamma"):
             at_least(name, getattr(self, name), 1)
         if self.gamma > self.gamma_max:
@@ -102,7 +101,6 @@ class DistillConfig:
         if self.width < self.heads or self.width % self.heads:
             raise SettingError.of("width", f"must be a positive multiple of {self.heads} (the "
                                            f"drafter's heads), got {self.width}")
-        return self
 
 
 # ------------------------------------------------------------------------------ teacher cache
@@ -155,10 +153,12 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
     gen = torch.Generator().manual_seed(cfg.seed)
     meta = {"cache_config": asdict(cfg), "onpolicy_prompt": prompt_len,
             "target_hash": weights_hash(cfg.target),
-            "target_hidden_layers": model.config.drafter_layers, "hidden_size": model.config.hidden_size,
+            "target_hidden_layers": model.config.drafter_layers,
+            "hidden_size": model.config.hidden_size,
             "alphabet": list(BASE_IDS)}
     t0 = time.time()
-    with ShardWriter(out, prefix="teacher", max_rows_per_shard=64, metadata=meta, overwrite=True) as w:
+    with ShardWriter(out, prefix="teacher", max_rows_per_shard=64, metadata=meta,
+                     overwrite=True) as w:
         done = 0
         for kind, n in (("natural", cfg.natural_windows), ("onpolicy", cfg.onpolicy_windows)):
             for s in range(0, n, cfg.batch):
@@ -238,7 +238,8 @@ class TeacherData:
         k = torch.arange(1, gamma + 1)
         tgt_pos = a[:, None] + k  # tokens the drafts should produce
         return {"ctx": ctx, "valid": valid, "anchor": self.tokens[w, a],
-                "prev": self.tokens[w[:, None], tgt_pos - 1], "target": self.tokens[w[:, None], tgt_pos],
+                "prev": self.tokens[w[:, None], tgt_pos - 1],
+                "target": self.tokens[w[:, None], tgt_pos],
                 "p_alpha": self.p_alpha[w[:, None], tgt_pos - 1],
                 "p_other": self.p_other[w[:, None], tgt_pos - 1]}
 
@@ -256,7 +257,8 @@ def distill_loss(net: DSparkNet, b: dict[str, torch.Tensor], cfg: DistillConfig
     ce = -(logq.gather(-1, tgt.clamp(max=net.cfg.n_alpha - 1)[..., None])[..., 0]) * in_alpha
     l1 = (q - b["p_alpha"]).abs().sum(-1) + b["p_other"]
     loss = ((cfg.ce_weight * ce + cfg.l1_weight * l1) * wk).sum(-1).mean()
-    accept = (1 - 0.5 * l1.detach()).mean(0)  # expected per-position acceptance (conditional on reaching it)
+    # expected per-position acceptance (conditional on reaching the position)
+    accept = (1 - 0.5 * l1.detach()).mean(0)
     return loss, {"loss": float(loss.detach()), "accept1": float(accept[0]),
                   "accept_mean": float(accept.mean())}
 
@@ -337,7 +339,8 @@ class DistillTrainer:
             t = now
             if self.step % c.log_every == 0 or self.step == c.steps:
                 row = {"step": self.step, **{k: round(v, 5) for k, v in info.items()},
-                       "supervised_positions": self.step * c.batch * c.gamma, "wall_s": round(self.wall, 1)}
+                       "supervised_positions": self.step * c.batch * c.gamma,
+                       "wall_s": round(self.wall, 1)}
                 self.out.mkdir(parents=True, exist_ok=True)
                 with open(self.out / "log.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -348,7 +351,8 @@ class DistillTrainer:
 
     def export(self, dest: str | Path | None = None) -> Path:
         c = self.cfg
-        self.net.cfg.training = {"seed": c.seed, "steps": self.step, "batch": c.batch, "gamma": c.gamma,
+        self.net.cfg.training = {"seed": c.seed, "steps": self.step, "batch": c.batch,
+                                 "gamma": c.gamma,
                                  "supervised_positions": self.step * c.batch * c.gamma,
                                  "cache": str(c.cache), "wall_s": round(self.wall, 1),
                                  "loss": "0.1*CE + 0.9*L1(q, p~), weights exp(-(k-1)/4)"}
