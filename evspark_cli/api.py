@@ -1,4 +1,4 @@
-"""The Python API of cli.md: `generate`, the decoding settings and drafter resolution.
+"""The Python API: `generate`, the decoding settings and drafter resolution (docs/).
 
 Every decoding setting a user gives is checked here, once: a `DecodeOptions` cannot be built
 from values that have no meaning, `check_context` and `check_gamma` judge them against a model
@@ -30,7 +30,7 @@ STATS_COLUMNS = ["record_id", "sample", "prompt_len", "new_tokens", "mode", "dra
 class DecodeOptions:
     """What a generation asks for; checked when built, so an instance always holds valid values.
 
-    Defaults are the Python API's (cli.md); the command line passes its own.
+    Defaults are the Python API's; the command line passes its own.
     """
 
     max_new_tokens: int = 64

@@ -1,7 +1,8 @@
 """Errors users see: one line, a documented exit code, no traceback.
 
-Exit codes (cli.md): 0 success; 1 a verification found a non-tie divergence or a run failed;
-2 usage errors and bad input; 3 model errors (missing, corrupt or mismatched checkpoint).
+Exit codes (the CLI contract in docs/): 0 success; 1 a verification found a non-tie divergence
+or a run failed; 2 usage errors and bad input; 3 model errors (missing, corrupt or mismatched
+checkpoint).
 """
 from __future__ import annotations
 

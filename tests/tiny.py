@@ -122,7 +122,7 @@ def run_cli(args: list, stdin: bytes = b"") -> CliResult:
 
 
 def shared_trained_tiny(tmp_path_factory) -> Path:
-    """The phiX-trained tiny model, trained once per pytest session and shared by test files."""
+    """The phiX-trained tiny model, trained once per test run and shared by test files."""
     base = tmp_path_factory.getbasetemp() / "evspark_trained_tiny"
     model_dir = base / "model"
     if not (model_dir / "config.json").is_file():

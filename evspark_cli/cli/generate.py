@@ -12,8 +12,20 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from .app import command, debug_traceback, fail, first_line, say
-from .options import (CompileOpt, DeviceOpt, DtypeOpt, GammaOpt, GraphsOpt, ModelOpt, QuietOpt,
-                      RegionOpt, ShardOpt, TailOpt, ThreadsOpt, progress_bar)
+from .options import (
+    CompileOpt,
+    DeviceOpt,
+    DtypeOpt,
+    GammaOpt,
+    GraphsOpt,
+    ModelOpt,
+    QuietOpt,
+    RegionOpt,
+    ShardOpt,
+    TailOpt,
+    ThreadsOpt,
+    progress_bar,
+)
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
     from ..api import DecodeOptions
@@ -66,8 +78,14 @@ def generate(
     quiet: bool = QuietOpt,
 ) -> None:
     """Continue each record (or region) and write the continuations as FASTA."""
-    from ..api import (DecodeOptions, check_context, check_gamma, drafter_name, resolve_drafter,
-                       set_threads)
+    from ..api import (
+        DecodeOptions,
+        check_context,
+        check_gamma,
+        drafter_name,
+        resolve_drafter,
+        set_threads,
+    )
     from ..io.fasta import read_prompts
     from ..io.writers import check_distinct_outputs, check_output_path
     from ..model.checkpoint import load_model

@@ -46,8 +46,13 @@ ThreadsOpt = option(0, "--threads", help="CPU threads for torch (0 = torch's def
 def progress_bar(quiet: bool, label: str) -> Any:
     """A rich progress bar on stderr when it is a terminal (and not --quiet), else silent."""
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     console = Console(stderr=True)
     enabled = not quiet and console.is_terminal

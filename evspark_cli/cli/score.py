@@ -11,8 +11,17 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from .app import command, debug_traceback, fail, first_line, say
-from .options import DeviceOpt, DtypeOpt, ModelOpt, QuietOpt, RegionOpt, ShardOpt, TailOpt, \
-    ThreadsOpt, progress_bar
+from .options import (
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    QuietOpt,
+    RegionOpt,
+    ShardOpt,
+    TailOpt,
+    ThreadsOpt,
+    progress_bar,
+)
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
     from ..io.fasta import Prompt

@@ -9,8 +9,20 @@ from typing import List, Optional
 import typer
 
 from .app import command
-from .options import (CompileOpt, DeviceOpt, DtypeOpt, GammaOpt, GraphsOpt, ModelOpt, QuietOpt,
-                      RegionOpt, ShardOpt, TailOpt, ThreadsOpt, progress_bar)
+from .options import (
+    CompileOpt,
+    DeviceOpt,
+    DtypeOpt,
+    GammaOpt,
+    GraphsOpt,
+    ModelOpt,
+    QuietOpt,
+    RegionOpt,
+    ShardOpt,
+    TailOpt,
+    ThreadsOpt,
+    progress_bar,
+)
 
 
 @command()

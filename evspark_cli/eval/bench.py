@@ -150,10 +150,9 @@ def check_output_dir(out: str | Path) -> None:
 def machine_info() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                       cpu)
     except OSError:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -183,8 +182,9 @@ def _summ(rows: list[dict]) -> dict[str, Any]:
     rounds = sum(r["rounds"] for r in rows)
     trials = [sum(x) for x in zip(*[r["position_trials"] for r in rows])]
     accepts = [sum(x) for x in zip(*[r["position_accepts"] for r in rows])]
-    return {"pooled_speedup": nat / spec if spec else None, "min_speedup": sp[0], "median_speedup":
-            sp[len(sp) // 2], "max_speedup": sp[-1], "tau": (acc + rounds) / rounds if rounds else None,
+    return {"pooled_speedup": nat / spec if spec else None, "min_speedup": sp[0],
+            "median_speedup": sp[len(sp) // 2], "max_speedup": sp[-1],
+            "tau": (acc + rounds) / rounds if rounds else None,
             "native_s": nat, "spec_s": spec, "draft_s": sum(r["draft_s"] for r in rows),
             "verify_s": sum(r["verify_s"] for r in rows), "rounds": rounds,
             "native_step_s": nat / sum(r["tokens"] for r in rows),
@@ -352,7 +352,8 @@ def context_sweep(model: StripedHyena, drafter: Any, cfg: BenchConfig,
         except (MemoryError, RuntimeError) as e:
             if not _out_of_memory(e):
                 raise
-            out.append({"context": L, "skipped": f"out of memory: {(str(e).splitlines() or [type(e).__name__])[0][:200]}"})
+            why = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            out.append({"context": L, "skipped": f"out of memory: {why}"})
             log(f"context {L}: {out[-1]['skipped']}")
             continue
         row = {"context": L, "prefill_s": pf.seconds, "prefill_tok_s": L / pf.seconds,
@@ -436,7 +437,8 @@ def run_bench(model: StripedHyena, cfg: BenchConfig, out_dir: str | Path, comman
     out.mkdir(parents=True, exist_ok=True)
     prompts = read_prompts([cfg.prompts])[: cfg.n_prompts]
     drafters = drafters or bench_drafters(model, cfg)
-    main = next((d for n, d in drafters.items() if n.startswith("dspark")), next(iter(drafters.values())))
+    main = next((d for n, d in drafters.items() if n.startswith("dspark")),
+                next(iter(drafters.values())))
     t0 = time.time()
     res: dict[str, Any] = {"command": command, "config": asdict(cfg), "machine": machine_info(),
                            "model": model.config.model_name, "parameters": model.num_parameters(),
@@ -444,7 +446,8 @@ def run_bench(model: StripedHyena, cfg: BenchConfig, out_dir: str | Path, comman
                            "drafters": list(drafters)}
     res["speed"] = speed_and_greedy(model, prompts, drafters, cfg, log)
     skip = set(cfg.skip)
-    res["sampled_losslessness"] = {} if "tvd" in skip else sampled_losslessness(model, prompts, main, cfg, log)
+    res["sampled_losslessness"] = ({} if "tvd" in skip
+                                   else sampled_losslessness(model, prompts, main, cfg, log))
     res["gamma_sweep"] = [] if "gamma" in skip else gamma_sweep(model, prompts, main, cfg, log)
     res["context_sweep"] = [] if "context" in skip else context_sweep(model, main, cfg, log)
     res["depth_sweep"] = {} if "depth" in skip else depth_sweep(model, prompts[0], main, cfg, log)

@@ -154,7 +154,8 @@ class _PartialOutput:
         try:
             self._fd = os.open(self.partial, flags, 0o666)
         except FileExistsError:
-            raise InputError(f"{self.partial} appeared while starting (another run?); delete it") from None
+            raise InputError(f"{self.partial} appeared while starting (another run?); "
+                             "delete it") from None
         except OSError as e:
             raise InputError(f"{self.partial}: cannot create ({e.strerror or e})") from None
         self._lock()
@@ -185,13 +186,15 @@ class _PartialOutput:
                 os.fsync(self._fd)
         except OSError as e:
             self.close()
-            raise InputError(f"{self.partial}: cannot truncate its incomplete tail ({e.strerror or e})") from None
+            raise InputError(f"{self.partial}: cannot truncate its incomplete tail "
+                             f"({e.strerror or e})") from None
         self.done_ids.update(ids)
         if keep == 0 and self._preamble():
             self._write_bytes(self._preamble().encode("utf-8"))
 
     def _write_bytes(self, data: bytes) -> None:
-        """One record = one write (looping only on short writes) + fsync, so a crash rarely tears it."""
+        """One record = one write (looping only on short writes) + fsync, so a crash rarely
+        tears it."""
         assert self._fd is not None
         view = memoryview(data)
         try:
@@ -229,7 +232,8 @@ class _PartialOutput:
             os.fsync(self._fd)
             os.replace(self.partial, self.path)
         except OSError as e:
-            raise RunError(f"{self.path}: cannot move {self.partial} into place ({e.strerror or e})") from None
+            raise RunError(f"{self.path}: cannot move {self.partial} into place "
+                           f"({e.strerror or e})") from None
         finally:
             self.close()
         self._finished = True
@@ -277,7 +281,8 @@ class FastaOutput(_PartialOutput):
 
     def __init__(self, path: str | None, line_width: int = 60, resume: bool = False) -> None:
         if isinstance(line_width, bool) or not isinstance(line_width, int) or line_width < 0:
-            raise InputError(f"--line-width must be an integer >= 0 (0 = no wrapping), got {line_width!r}")
+            raise InputError("--line-width must be an integer >= 0 (0 = no wrapping), "
+                             f"got {line_width!r}")
         self.line_width = line_width
         self.done_descriptions: dict[str, str] = {}  # header text after the id, per resumed record
         super().__init__(path, resume)
@@ -289,7 +294,8 @@ class FastaOutput(_PartialOutput):
         if "\n" in description or "\r" in description:
             raise ValueError("description must be a single line")
         if _SEQ_OK_STR.fullmatch(seq) is None:
-            raise ValueError(f"record {record_id!r}: sequence must be letters only (no whitespace or '>')")
+            raise ValueError(f"record {record_id!r}: sequence must be letters only "
+                             "(no whitespace or '>')")
         if record_id in self.done_ids:
             raise ValueError(f"record {record_id!r} was already written")
         header = f">{record_id} {description}" if description else f">{record_id}"
@@ -331,7 +337,8 @@ class FastaOutput(_PartialOutput):
             self.done_descriptions[rid] = header[1] if len(header) > 1 else ""
         return len(data), ids
 
-    def _check_record(self, data: bytes, rec: list[tuple[int, int, bool]]) -> tuple[str | None, str]:
+    def _check_record(self, data: bytes, rec: list[tuple[int, int, bool]]
+                      ) -> tuple[str | None, str]:
         """None if `rec` (header + sequence lines) is a complete record as `write` makes them."""
         if not all(nl for _a, _b, nl in rec):
             return "it ends in the middle of a line", ""
@@ -349,7 +356,8 @@ class FastaOutput(_PartialOutput):
         lens = [b - a for a, b, _nl in seq_lines]
         if self.line_width == 0:
             if len(lens) > 1:
-                return f"record {rid!r} is wrapped but --line-width is 0 (different --line-width?)", rid
+                return (f"record {rid!r} is wrapped but --line-width is 0 "
+                        "(different --line-width?)", rid)
         elif lens and (any(n != self.line_width for n in lens[:-1]) or lens[-1] > self.line_width):
             return f"record {rid!r} has lines of another width (different --line-width?)", rid
         return None, rid

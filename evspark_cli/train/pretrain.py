@@ -98,7 +98,8 @@ def init_weights(model: StripedHyena, seed: int) -> None:
 
 
 def keep_poles_stable(model: StripedHyena) -> None:
-    """Projected step: LI log-poles stay strictly negative (|pole| < 1), as trained Evo 2 poles are."""
+    """Projected step: LI log-poles stay strictly negative (|pole| < 1), as trained Evo 2 poles
+    are."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("filter.log_poles"):
@@ -109,7 +110,8 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+    cosine = 0.5 * (1 + math.cos(math.pi * frac))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
 
 
 def make_optimizer(model: StripedHyena, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -135,7 +137,8 @@ def load_run_checkpoint(path: Path, restore: Callable[[dict], None], mismatch: s
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error to a user
-        raise ModelError(f"cannot read checkpoint {path} ({type(exc).__name__}); {start_over}") from exc
+        raise ModelError(f"cannot read checkpoint {path} ({type(exc).__name__}); "
+                         f"{start_over}") from exc
     try:
         restore(ck)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
@@ -204,8 +207,8 @@ class Trainer:
             raise InputError(f"no training record is at least window + 1 = {cfg.window + 1} bases "
                              f"long (longest: {longest}); lower window or add longer genomes")
         self.valid = {Path(str(p)).name: _first_record(p) for p in cfg.valid}
-        autocast = cfg.bf16_autocast == "on" or (cfg.bf16_autocast == "auto" and self.device.type == "cuda")
-        self.autocast = autocast
+        on_cuda = self.device.type == "cuda"
+        self.autocast = cfg.bf16_autocast == "on" or (cfg.bf16_autocast == "auto" and on_cuda)
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -262,7 +265,8 @@ class Trainer:
     def train_step(self) -> float:
         cfg = self.cfg
         self.model.train()
-        batch = self.corpus.sample_windows(cfg.batch_size, cfg.window, self.gen, cfg.rc_prob).to(self.device)
+        batch = self.corpus.sample_windows(cfg.batch_size, cfg.window, self.gen, cfg.rc_prob)
+        batch = batch.to(self.device)
         for group in self.opt.param_groups:
             group["lr"] = lr_at(cfg, self.step)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
@@ -298,7 +302,8 @@ class Trainer:
             self.wall += now - t_last
             t_last = now
             row = {"step": self.step, "loss": round(loss, 5), "bits": round(loss / math.log(2), 4),
-                   "lr": lr_at(cfg, self.step - 1), "tokens": self.tokens_seen, "wall_s": round(self.wall, 1)}
+                   "lr": lr_at(cfg, self.step - 1), "tokens": self.tokens_seen,
+                   "wall_s": round(self.wall, 1)}
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
                 row["valid_bits_per_nt"] = self.evaluate()
                 t_last = time.time()
@@ -384,7 +389,8 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.stop_at is not None:
             at_least("stop_at", self.stop_at, 1)
-        if self.export is not None and Path(self.export).exists() and not Path(self.export).is_dir():
+        export = Path(self.export) if self.export is not None else None
+        if export is not None and export.exists() and not export.is_dir():
             raise SettingError.of("export", f"{self.export} is a file, not a model folder")
 
 
