@@ -7,9 +7,10 @@ and a drafter. The command line builds the same objects and only maps their erro
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .decode.drafters.base import Drafter, RngKey
 from .decode.drafters.identity import IdentityDrafter
@@ -20,6 +21,9 @@ from .decode.speculative import ROLLBACKS, decode_speculative
 from .errors import InputError, ModelError, SettingError, at_least
 from .model.model import StripedHyena
 from .model.tokenizer import detokenize, tokenize
+
+if TYPE_CHECKING:
+    from .io.fasta import Prompt
 
 STATS_COLUMNS = ["record_id", "sample", "prompt_len", "new_tokens", "mode", "drafter", "gamma",
                  "rounds", "tau", "acceptance_rate", "wall_s", "tokens_per_s", "native_wall_s",
@@ -95,6 +99,21 @@ def set_threads(threads: int) -> None:
 def record_key(record_id: str) -> int:
     """A stable RNG key per record id: output does not depend on record order or sharding."""
     return int.from_bytes(hashlib.sha256(record_id.encode()).digest()[:7], "big")
+
+
+def model_and_drafter(model_dir: str | Path | None, prompts: Sequence[Prompt],
+                      options: DecodeOptions, drafter: Any = "auto", force_drafter: bool = False,
+                      **load: Any) -> tuple[StripedHyena, Drafter | None]:
+    """The model (`load_model` keywords in `load`) and the drafter for a run over `prompts`,
+    with every prompt's length and the draft length checked against them before any work."""
+    from .model.checkpoint import load_model
+
+    model = load_model(model_dir, **load)
+    for p in prompts:
+        check_context(model, len(p.seq), options.max_new_tokens, p.id)
+    d = resolve_drafter(model, drafter, force=force_drafter)
+    check_gamma(d, options.largest_draft)
+    return model, d
 
 
 def bundled_drafter_dir(model: StripedHyena, seed: int = 0) -> Path | None:

@@ -78,17 +78,9 @@ def generate(
     quiet: bool = QuietOpt,
 ) -> None:
     """Continue each record (or region) and write the continuations as FASTA."""
-    from ..api import (
-        DecodeOptions,
-        check_context,
-        check_gamma,
-        drafter_name,
-        resolve_drafter,
-        set_threads,
-    )
+    from ..api import DecodeOptions, drafter_name, model_and_drafter, set_threads
     from ..io.fasta import read_prompts
     from ..io.writers import check_distinct_outputs, check_output_path
-    from ..model.checkpoint import load_model
 
     options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k, top_p,
                             seed, samples, rollback)
@@ -97,12 +89,9 @@ def generate(
     check_distinct_outputs(inputs, [("--output", output), ("--stats", stats)])
     prompts = read_prompts(inputs, region or None, prompt_tail, shard=shard)
     set_threads(threads)
-    model = load_model(model_dir, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                       compile=compile_cpu)
-    for p in prompts:
-        check_context(model, len(p.seq), max_new_tokens, p.id)
-    d = resolve_drafter(model, drafter, force=force_drafter)
-    check_gamma(d, options.largest_draft)
+    model, d = model_and_drafter(model_dir, prompts, options, drafter, force_drafter,
+                                 device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                                 compile=compile_cpu)
     sampler = options.sampler
     settings = {"model": model.config.model_name, "drafter": drafter_name(d),
                 "gamma": str(gamma), "temperature": f"{sampler.temperature:g}",

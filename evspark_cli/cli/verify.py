@@ -56,12 +56,11 @@ def verify(
     non-tie divergence)."""
     import json
 
-    from ..api import DecodeOptions, check_context, check_gamma, resolve_drafter, set_threads
+    from ..api import DecodeOptions, model_and_drafter, set_threads
     from ..bundled import example_prompts
     from ..eval.verify import VerifyOptions, verify_prompts
     from ..io.fasta import read_prompts
     from ..io.writers import check_distinct_outputs, check_output_path, write_text_atomic
-    from ..model.checkpoint import load_model
 
     options = VerifyOptions(DecodeOptions(max_new_tokens, gamma, top_k=1, rollback=rollback),
                             tie_tolerance)
@@ -71,12 +70,9 @@ def verify(
     prompts = read_prompts(inputs or [str(example_prompts())], region or None, prompt_tail,
                            shard=shard)
     set_threads(threads)
-    model = load_model(model_dir, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                       compile=compile_cpu)
-    for p in prompts:
-        check_context(model, len(p.seq), max_new_tokens, p.id)
-    d = resolve_drafter(model, drafter, force=force_drafter)
-    check_gamma(d, options.decode.largest_draft)
+    model, d = model_and_drafter(model_dir, prompts, options.decode, drafter, force_drafter,
+                                 device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                                 compile=compile_cpu)
     with progress_bar(quiet, "verify") as prog:
         task = prog.add_task("verify", total=len(prompts), note="")
         result = verify_prompts(model, prompts, d, options, lambda row: prog.advance(task))
