@@ -1,7 +1,7 @@
 """EvSpark: lossless speculative decoding for StripedHyena 2 (Evo 2-style) DNA models.
 
-The stable Python API (cli.md): `load_model`, `convert_checkpoint`, `tokenize`, `detokenize`,
-`generate`; a model offers `forward`, `prefill`, `extend` and blocks offer `commit`.
+The stable Python API (the contract in docs/): `load_model`, `convert_checkpoint`, `tokenize`,
+`detokenize`, `generate`; a model offers `forward`, `prefill`, `extend` and blocks offer `commit`.
 Names are resolved lazily so that `evspark --help` does not import torch.
 """
 from __future__ import annotations

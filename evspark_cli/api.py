@@ -1,9 +1,16 @@
-"""The Python API of cli.md: `generate` and drafter resolution, shared by the CLI."""
+"""The Python API: `generate`, the decoding settings and drafter resolution (docs/).
+
+Every decoding setting a user gives is checked here, once: a `DecodeOptions` cannot be built
+from values that have no meaning, `check_context` and `check_gamma` judge them against a model
+and a drafter. The command line builds the same objects and only maps their errors to exit codes.
+"""
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .decode.drafters.base import Drafter, RngKey
 from .decode.drafters.identity import IdentityDrafter
@@ -11,13 +18,102 @@ from .decode.drafters.kmer import KmerDrafter
 from .decode.native import DecodeResult, decode_native
 from .decode.sampling import SamplerConfig
 from .decode.speculative import ROLLBACKS, decode_speculative
-from .errors import InputError, ModelError
+from .errors import InputError, ModelError, SettingError, at_least
 from .model.model import StripedHyena
 from .model.tokenizer import detokenize, tokenize
+
+if TYPE_CHECKING:
+    from .io.fasta import Prompt
 
 STATS_COLUMNS = ["record_id", "sample", "prompt_len", "new_tokens", "mode", "drafter", "gamma",
                  "rounds", "tau", "acceptance_rate", "wall_s", "tokens_per_s", "native_wall_s",
                  "native_tokens_per_s", "speedup"]
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """What a generation asks for; checked when built, so an instance always holds valid values.
+
+    Defaults are the Python API's; the command line passes its own.
+    """
+
+    max_new_tokens: int = 64
+    gamma: int = 12
+    temperature: float = 1.0
+    top_k: int = 4
+    top_p: float = 1.0
+    seed: int = 0
+    samples: int = 1  # continuations per record
+    rollback: str = "slice"
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "gamma", "seed", "samples"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise SettingError.of(name, f"must be an integer, got {v!r}")
+        if not 0 <= self.seed < 2 ** 63:
+            raise SettingError.of("seed", f"must be an integer in [0, 2**63), got {self.seed}")
+        at_least("max_new_tokens", self.max_new_tokens, 1)
+        at_least("gamma", self.gamma, 1)
+        at_least("samples", self.samples, 1)
+        if self.rollback not in ROLLBACKS:
+            raise SettingError.of("rollback", f"must be {' or '.join(ROLLBACKS)}, "
+                                              f"got {self.rollback!r}")
+        self.sampler.validate()
+
+    @property
+    def sampler(self) -> SamplerConfig:
+        return SamplerConfig(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def largest_draft(self) -> int:
+        """The most drafts a round proposes: rounds never draft past the tokens still asked."""
+        return min(self.gamma, self.max_new_tokens - 1)
+
+
+def check_context(model: StripedHyena, prompt_len: int, new_tokens: int, record_id: str) -> None:
+    """A prompt and its continuation must fit in the model's context."""
+    limit = model.config.max_seqlen
+    if prompt_len + new_tokens > limit:
+        raise InputError(f"record '{record_id}': prompt of {prompt_len} bases + {new_tokens} new "
+                         f"tokens exceeds the model's context of {limit}; use --prompt-tail N")
+
+
+def check_gamma(drafter: Any, gamma: int) -> None:
+    """Refuse a gamma the drafter cannot propose (a dspark drafter has slots for gamma_max).
+    Callers pass the largest gamma a round will use (`DecodeOptions.largest_draft`)."""
+    limit = getattr(getattr(drafter, "cfg", None), "gamma_max", None)
+    if isinstance(limit, int) and gamma > limit:
+        raise InputError(f"gamma {gamma}: this drafter proposes at most {limit} tokens per round")
+
+
+def set_threads(threads: int) -> None:
+    """CPU threads for torch; 0 keeps torch's default."""
+    at_least("threads", threads, 0)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def record_key(record_id: str) -> int:
+    """A stable RNG key per record id: output does not depend on record order or sharding."""
+    return int.from_bytes(hashlib.sha256(record_id.encode()).digest()[:7], "big")
+
+
+def model_and_drafter(model_dir: str | Path | None, prompts: Sequence[Prompt],
+                      options: DecodeOptions, drafter: Any = "auto", force_drafter: bool = False,
+                      **load: Any) -> tuple[StripedHyena, Drafter | None]:
+    """The model (`load_model` keywords in `load`) and the drafter for a run over `prompts`,
+    with every prompt's length and the draft length checked against them before any work."""
+    from .model.checkpoint import load_model
+
+    model = load_model(model_dir, **load)
+    for p in prompts:
+        check_context(model, len(p.seq), options.max_new_tokens, p.id)
+    d = resolve_drafter(model, drafter, force=force_drafter)
+    check_gamma(d, options.largest_draft)
+    return model, d
 
 
 def bundled_drafter_dir(model: StripedHyena, seed: int = 0) -> Path | None:
@@ -25,14 +121,6 @@ def bundled_drafter_dir(model: StripedHyena, seed: int = 0) -> Path | None:
         return None
     d = Path(model.source_dir) / "drafters" / f"seed{seed}"
     return d if (d / "config.json").is_file() else None
-
-
-def check_gamma(drafter: Any, gamma: int) -> None:
-    """Refuse a gamma the drafter cannot propose (a dspark drafter has slots for gamma_max).
-    Callers pass the largest gamma a round will use: min(gamma, new tokens - 1)."""
-    limit = getattr(getattr(drafter, "cfg", None), "gamma_max", None)
-    if isinstance(limit, int) and gamma > limit:
-        raise InputError(f"gamma {gamma}: this drafter proposes at most {limit} tokens per round")
 
 
 def resolve_drafter(model: StripedHyena, spec: Any, force: bool = False) -> Drafter | None:
@@ -55,8 +143,8 @@ def resolve_drafter(model: StripedHyena, spec: Any, force: bool = False) -> Draf
         spec = folder
     path = Path(spec)
     if not path.is_dir():
-        raise InputError(f"--drafter {s!r}: not a drafter name (auto, dspark, kmer, identity, none) "
-                         "nor a drafter folder")
+        raise InputError(f"--drafter {s!r}: not a drafter name (auto, dspark, kmer, identity, "
+                         "none) nor a drafter folder")
     from .decode.drafters.dspark import load_drafter
 
     return load_drafter(path, model, force=force)
@@ -82,10 +170,11 @@ def _round(x: float | None, nd: int = 4) -> float | None:
 def make_stats(record_id: str, sample: int, prompt_len: int, res: DecodeResult, drafter: str,
                gamma: int, native: DecodeResult | None) -> dict[str, Any]:
     n = len(res.tokens)
+    spec = res.mode == "speculative"
     row: dict[str, Any] = {
         "record_id": record_id, "sample": sample, "prompt_len": prompt_len, "new_tokens": n,
-        "mode": res.mode, "drafter": drafter, "gamma": gamma if res.mode == "speculative" else None,
-        "rounds": res.rounds if res.mode == "speculative" else None, "tau": _round(res.tau),
+        "mode": res.mode, "drafter": drafter, "gamma": gamma if spec else None,
+        "rounds": res.rounds if spec else None, "tau": _round(res.tau),
         "acceptance_rate": _round(res.acceptance_rate), "wall_s": _round(res.wall_s),
         "tokens_per_s": _round(n / res.wall_s if res.wall_s > 0 else None, 2),
         "native_wall_s": None, "native_tokens_per_s": None, "speedup": None,
@@ -97,12 +186,8 @@ def make_stats(record_id: str, sample: int, prompt_len: int, res: DecodeResult, 
     return row
 
 
-def generate(model: StripedHyena, prompt: str | list[int], max_new_tokens: int = 64,
-             drafter: Any = "auto", gamma: int = 12, temperature: float = 1.0, top_k: int = 4,
-             top_p: float = 1.0, seed: int = 0, rollback: str = "slice", record: int = 0,
-             sample: int = 0, record_id: str = "prompt", compare_native: bool = False,
-             force_drafter: bool = False) -> GenerateOutput:
-    """Continue `prompt` by `max_new_tokens` tokens; lossless whatever the drafter."""
+def prompt_ids(model: StripedHyena, prompt: str | list[int]) -> list[int]:
+    """A prompt as token ids inside the model's vocabulary."""
     ids = tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not ids:
         raise InputError("empty prompt")
@@ -110,34 +195,39 @@ def generate(model: StripedHyena, prompt: str | list[int], max_new_tokens: int =
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise InputError(f"prompt token {bad} is outside the model's vocabulary 0..{vocab - 1}")
-    for name, v in (("max_new_tokens", max_new_tokens), ("gamma", gamma), ("seed", seed)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise InputError(f"{name} must be an integer, got {v!r}")
-    if not 0 <= seed < 2 ** 63:
-        raise InputError(f"seed must be an integer in [0, 2**63), got {seed}")
-    if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if gamma < 1:
-        raise InputError(f"gamma must be >= 1, got {gamma}")
-    limit = model.config.max_seqlen
-    if len(ids) + max_new_tokens > limit:
-        raise InputError(f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the "
-                         f"model's context of {limit}")
-    if rollback not in ROLLBACKS:
-        raise InputError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
-    sampler = SamplerConfig(temperature, top_k, top_p)
-    sampler.validate()
-    d = resolve_drafter(model, drafter, force=force_drafter)
-    check_gamma(d, min(gamma, max_new_tokens - 1))  # rounds never draft more
-    rng = RngKey(seed, record, sample)
+    return ids
+
+
+def continue_prompt(model: StripedHyena, ids: list[int], options: DecodeOptions,
+                    drafter: Drafter | None, record: int = 0, sample: int = 0,
+                    record_id: str = "prompt", compare_native: bool = False) -> GenerateOutput:
+    """Continue checked prompt ids with checked options (see `generate`): the engine call the
+    command line makes per record, after checking every value once for the whole run."""
+    sampler, n = options.sampler, options.max_new_tokens
+    rng = RngKey(options.seed, record, sample)
     native = None
     if compare_native:
-        native = decode_native(model, ids, max_new_tokens, sampler, rng, label=record_id)
-    if d is None:
-        res = native or decode_native(model, ids, max_new_tokens, sampler, rng, label=record_id)
+        native = decode_native(model, ids, n, sampler, rng, label=record_id)
+    if drafter is None:
+        res = native or decode_native(model, ids, n, sampler, rng, label=record_id)
     else:
-        res = decode_speculative(model, ids, max_new_tokens, sampler, d, gamma, rng, rollback,
-                                 label=record_id)
-    stats = make_stats(record_id, sample, len(ids), res, drafter_name(d), gamma,
-                       native if d is not None else None)
+        res = decode_speculative(model, ids, n, sampler, drafter, options.gamma, rng,
+                                 options.rollback, label=record_id)
+    stats = make_stats(record_id, sample, len(ids), res, drafter_name(drafter), options.gamma,
+                       native if drafter is not None else None)
     return GenerateOutput(res.tokens, detokenize(res.tokens), stats, res, native)
+
+
+def generate(model: StripedHyena, prompt: str | list[int], max_new_tokens: int = 64,
+             drafter: Any = "auto", gamma: int = 12, temperature: float = 1.0, top_k: int = 4,
+             top_p: float = 1.0, seed: int = 0, rollback: str = "slice", record: int = 0,
+             sample: int = 0, record_id: str = "prompt", compare_native: bool = False,
+             force_drafter: bool = False) -> GenerateOutput:
+    """Continue `prompt` by `max_new_tokens` tokens; lossless whatever the drafter."""
+    options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed,
+                            rollback=rollback)
+    ids = prompt_ids(model, prompt)
+    check_context(model, len(ids), max_new_tokens, record_id)
+    d = resolve_drafter(model, drafter, force=force_drafter)
+    check_gamma(d, options.largest_draft)
+    return continue_prompt(model, ids, options, d, record, sample, record_id, compare_native)

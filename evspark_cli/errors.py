@@ -1,9 +1,12 @@
 """Errors users see: one line, a documented exit code, no traceback.
 
-Exit codes (cli.md): 0 success; 1 a verification found a non-tie divergence or a run failed;
-2 usage errors and bad input; 3 model errors (missing, corrupt or mismatched checkpoint).
+Exit codes (the CLI contract in docs/): 0 success; 1 a verification found a non-tie divergence
+or a run failed; 2 usage errors and bad input; 3 model errors (missing, corrupt or mismatched
+checkpoint).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 
 class EvsparkError(Exception):
@@ -18,6 +21,29 @@ class InputError(EvsparkError):
     exit_code = 2
 
 
+class SettingError(InputError):
+    """A bad value of one or more named settings (`gamma`, `max_new_tokens`...).
+
+    The library checks each value once and names it by its Python name; the command line shows
+    the same message with the option the user typed instead (`--gamma`, `--max-new-tokens`).
+    `template` holds `{0}`, `{1}`... where the names go.
+    """
+
+    def __init__(self, template: str, *settings: str) -> None:
+        self.template = template
+        self.settings = settings
+        super().__init__(template.format(*settings))
+
+    @classmethod
+    def of(cls, setting: str, problem: str, sep: str = " ") -> SettingError:
+        """`{setting}{sep}{problem}`, e.g. SettingError.of("gamma", "must be >= 1, got 0")."""
+        return cls("{0}" + sep + problem.replace("{", "{{").replace("}", "}}"), setting)
+
+    def render(self, name: Callable[[str], str]) -> str:
+        """The message with each setting written as `name(setting)`."""
+        return self.template.format(*(name(s) for s in self.settings))
+
+
 class ModelError(EvsparkError):
     """Missing, corrupt or mismatched model or drafter checkpoint."""
 
@@ -28,3 +54,9 @@ class RunError(EvsparkError):
     """A run that started and failed (e.g. non-finite logits in a record)."""
 
     exit_code = 1
+
+
+def at_least(setting: str, value: int | float, low: int | float) -> None:
+    """Refuse `value < low` as `{setting} must be >= {low}, got {value}`."""
+    if value < low:
+        raise SettingError.of(setting, f"must be >= {low}, got {value}")

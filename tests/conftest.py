@@ -7,7 +7,6 @@ from typing import Callable
 
 import pytest
 import torch
-
 from tiny import SHARED  # noqa: E402  (tests/ is on sys.path: pytest's rootdir conftest)
 
 ORACLE_DIR = SHARED / "oracle"
@@ -26,7 +25,8 @@ def _one_torch_thread():
 def oracle_dir() -> Path:
     """The tiny vtx oracle (weights, config, reference tensors); a missing oracle is a failure."""
     if not (ORACLE_DIR / "tiny_vtx_reference_tensors.safetensors").is_file():
-        pytest.fail(f"oracle files not found in {ORACLE_DIR} (set EVSPARK_SHARED to the shared/ folder)")
+        pytest.fail(f"oracle files not found in {ORACLE_DIR} "
+                    "(set EVSPARK_SHARED to the shared/ folder)")
     return ORACLE_DIR
 
 

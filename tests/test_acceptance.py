@@ -39,7 +39,7 @@ Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                 tuple[torch.Tensor, torch.Tensor]]
 
 
-# --------------------------------------------------------------------------- prefix-dependent tables
+# -------------------------------------------------------------------------- prefix-dependent tables
 
 
 def _generator(*keys: int) -> torch.Generator:

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_engine import CONFIGS, close, poison, rand_ids
 
 from evspark_cli.model.state import InferenceState, StaleBlockError
-from test_engine import CONFIGS, close, models, poison, rand_ids  # noqa: F401  (fixture)
+
+
+@pytest.fixture(scope="module")
+def models(make_model):
+    return {name: make_model(cfg, seed=i) for i, (name, cfg) in enumerate(CONFIGS.items())}
+
 
 PROMPTS = (3, 17, 40, 9)  # rows start at different positions
 ROUNDS = ((1, (1, 1, 1, 1)), (5, (2, 5, 1, 3)), (13, (13, 1, 7, 4)), (1, (1, 1, 1, 1)),

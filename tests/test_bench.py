@@ -18,15 +18,19 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import PHIX, trained_tiny_dir  # noqa: E402
-from tiny import run_cli  # noqa: E402
+from tiny import (  # noqa: E402
+    PHIX,
+    run_cli,
+    trained_tiny_dir,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "examples" / "prompts.fa"
 TINY_QUICK = dict(n_prompts=3, new_tokens=24, gamma=4, tvd_prompts=1, tvd_samples=4, tvd_tokens=16,
                   gamma_sweep=[2, 4], gamma_sweep_prompts=2, contexts=[64, 128, 1_000_000],
                   context_tokens=16, depth_tokens=64, depth_window=16)
-SPEED_KEYS = {"dspark-seed0/greedy/slice", "dspark-seed0/sampled/slice", "dspark-seed0/sampled/replay",
+SPEED_KEYS = {"dspark-seed0/greedy/slice", "dspark-seed0/sampled/slice",
+              "dspark-seed0/sampled/replay",
               "kmer/greedy/slice", "kmer/sampled/slice",
               "identity/greedy/slice", "identity/sampled/slice"}
 
@@ -79,7 +83,8 @@ def test_results_json_has_every_section(bench_run, model_dir):
     assert res["command"].startswith("evspark bench") and "--preset quick" in res["command"]
     cfg = res["config"]
     assert cfg["n_prompts"] == 2 and cfg["new_tokens"] == 16  # command-line overrides
-    assert cfg["tvd_samples"] == 4 and cfg["gamma_sweep"] == [2, 4] and cfg["context_source"] == str(PHIX)
+    assert cfg["tvd_samples"] == 4 and cfg["gamma_sweep"] == [2, 4]
+    assert cfg["context_source"] == str(PHIX)
     assert res["drafters"] == ["dspark-seed0", "kmer", "identity"]
     assert res["machine"]["torch_threads"] == 1 and res["model"] == "tiny-test"
     assert stdout["out"] == str(out) and set(stdout["pooled_speedup"]) == SPEED_KEYS
@@ -194,7 +199,10 @@ def test_context_sweep_skips_only_out_of_memory(model_dir, monkeypatch):
     cfg = bench.BenchConfig(prompts=str(PROMPTS), contexts=[64], context_source=str(PHIX),
                             context_tokens=4, gamma=2)
     for err in (MemoryError(), RuntimeError("DefaultCPUAllocator: can't allocate memory: 9 GB")):
-        monkeypatch.setattr(bench, "prefill_prompt", lambda *a, e=err, **k: (_ for _ in ()).throw(e))
+        def fail(*a, e=err, **k):
+            raise e
+
+        monkeypatch.setattr(bench, "prefill_prompt", fail)
         rows = bench.context_sweep(model, bench.resolve_drafter(model, "kmer"), cfg, lambda m: None)
         assert rows[0]["context"] == 64 and rows[0]["skipped"].startswith("out of memory")
     monkeypatch.setattr(bench, "prefill_prompt",

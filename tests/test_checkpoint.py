@@ -305,7 +305,7 @@ def test_convert_pt_and_safetensors_agree(tmp_path, oracle_dir, oracle_raw, orac
     assert (la - oracle_ref["prompt_logits"]).abs().max() <= 1e-4
     assert torch.equal(la, oracle_logits(b, oracle_ref))
     # Wqkv is permuted from the head-interleaved file layout to [q; k; v]
-    H, dh, D = 4, 32, 128
+    dh, D = 32, 128  # head size, width (4 heads)
     w_file = oracle_raw["blocks.3.inner_mha_cls.Wqkv.weight"]
     w_ours = ta["blocks.3.inner_mha_cls.Wqkv.weight"]
     assert torch.equal(w_ours[D + 2 * dh: D + 3 * dh], w_file[2 * 3 * dh + dh: 2 * 3 * dh + 2 * dh])
@@ -339,7 +339,8 @@ def test_conversion_refusals(tmp_path, oracle_dir, oracle_raw):
             save_file(weights, str(path))
         return lambda: convert_checkpoint(path, config, tmp_path / f"out{n[0]}")
 
-    refused(lambda: convert_checkpoint(tmp_path / "absent.pt", cfg, tmp_path / "o"), "does not exist")
+    refused(lambda: convert_checkpoint(tmp_path / "absent.pt", cfg, tmp_path / "o"),
+            "does not exist")
     # missing tensor, in both formats
     miss = {k: v for k, v in oracle_raw.items() if k != "blocks.5.filter.D"}
     refused(convert(miss), "missing", "blocks.5.filter.D")
@@ -427,9 +428,11 @@ def test_config_disagreeing_with_tensors(tmp_path, oracle_dir):
         "heads": (dict(num_attention_heads=8), "inv_freq"),
     }
     for name, (changes, needle) in cases.items():
-        refused(lambda: convert_checkpoint(ckpt, with_cfg(name, **changes), tmp_path / name), needle)
+        refused(lambda: convert_checkpoint(ckpt, with_cfg(name, **changes), tmp_path / name),
+                needle)
         assert not (tmp_path / name / WEIGHTS).exists(), name
     # an inconsistent config is refused before any tensor is read
-    refused(lambda: convert_checkpoint(ckpt, with_cfg("cover", attn_layer_idxs=[3]), tmp_path / "c"),
+    refused(lambda: convert_checkpoint(ckpt, with_cfg("cover", attn_layer_idxs=[3]),
+                                       tmp_path / "c"),
             "config")
     refused(lambda: convert_checkpoint(ckpt, tmp_path / "nope.yml", tmp_path / "c"), "config")

@@ -1,4 +1,4 @@
-"""The `evspark` command line as bioinformaticians use it (design/cli.md).
+"""The `evspark` command line as bioinformaticians use it (the CLI contract in docs/).
 
 Every input form gives the same continuation, the output files have the documented shape, an
 interrupted or partly failed run resumes to exactly the uninterrupted result, shards recombine
@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import PHIX, SHARED, trained_tiny_dir  # noqa: E402
-from tiny import CliResult as Result, run_cli  # noqa: E402
+from tiny import PHIX, SHARED, run_cli, trained_tiny_dir  # noqa: E402
+from tiny import CliResult as Result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = SHARED / "oracle"
@@ -151,7 +151,8 @@ def test_stdin_through_a_real_pipe(tmp_path, model, recs):
     plain = tmp_path / "in.fa"
     plain.write_text(records_text({"r2": recs["r2"]}))
     ref = ok(gen(model, plain, "-n", 6)).out
-    p = subprocess.run([sys.executable, "-m", "evspark_cli.cli", *map(str, gen(model, "-", "-n", 6))],
+    p = subprocess.run([sys.executable, "-m", "evspark_cli.cli",
+                        *map(str, gen(model, "-", "-n", 6))],
                        input=gzip.compress(plain.read_bytes()), capture_output=True,
                        env=subprocess_env(), cwd=tmp_path, timeout=120)
     assert p.returncode == 0, p.stderr.decode()
@@ -172,7 +173,8 @@ def test_fasta_output_header_width_samples_and_prompt(tmp_path, model, recs):
 
     src = tmp_path / "in.fa"
     src.write_text(records_text({k: recs[k] for k in ("r1", "r2")}))
-    opts = ["-n", 17, "--seed", 11, "--gamma", 5, "--temperature", 0.7, "--top-k", 3, "--top-p", 0.9,
+    opts = ["-n", 17, "--seed", 11, "--gamma", 5, "--temperature", 0.7, "--top-k", 3, "--top-p",
+            0.9,
             "--samples", 3, "--line-width", 7, "--drafter", "kmer"]
     out, with_prompt = tmp_path / "o.fa", tmp_path / "p.fa"
     ok(gen(model, src, "-o", out, *opts))
@@ -232,7 +234,8 @@ def test_stats_files_have_exactly_the_documented_columns(tmp_path, model, recs):
     assert [o["record_id"] for o in objs] == ["r1", "r2"]
     for o in objs:
         assert list(o) == STATS_COLUMNS
-        assert o["native_wall_s"] is None and o["native_tokens_per_s"] is None and o["speedup"] is None
+        assert o["native_wall_s"] is None and o["native_tokens_per_s"] is None
+        assert o["speedup"] is None
 
     lines = cmp_tsv.read_text().splitlines()
     assert lines[0].split("\t") == STATS_COLUMNS and len(lines) == 3
@@ -256,13 +259,13 @@ def _generated_ids(monkeypatch) -> list[str]:
     import evspark_cli.api as api
 
     seen: list[str] = []
-    real = api.generate
+    real = api.continue_prompt
 
     def spy(*a, **kw):
         seen.append(kw["record_id"])
         return real(*a, **kw)
 
-    monkeypatch.setattr(api, "generate", spy)
+    monkeypatch.setattr(api, "continue_prompt", spy)
     return seen
 
 
@@ -287,7 +290,7 @@ def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, re
     ref, ref_stats = _reference(tmp_path, model, src, opts)
     out, stats = tmp_path / "out.fa", tmp_path / "out.tsv"
 
-    real, calls = api.generate, []
+    real, calls = api.continue_prompt, []
 
     def interrupt_third(*a, **kw):
         calls.append(kw["record_id"])
@@ -295,7 +298,7 @@ def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, re
             raise KeyboardInterrupt
         return real(*a, **kw)
 
-    monkeypatch.setattr(api, "generate", interrupt_third)
+    monkeypatch.setattr(api, "continue_prompt", interrupt_third)
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 130 and "--resume" in r.err and "Traceback" not in r.err
     assert not out.exists() and not stats.exists()
@@ -303,11 +306,12 @@ def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, re
     assert len(Path(f"{stats}.partial").read_text().splitlines()) == 3
 
     # without --resume the partial is protected
-    monkeypatch.setattr(api, "generate", real)
+    monkeypatch.setattr(api, "continue_prompt", real)
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 2 and "--resume" in r.err
     # settings that differ from the finished records' headers would mix two runs in one file
-    for other in (["-n", 7, "--seed", 5], ["-n", 6, "--seed", 6], ["-n", 6, "--seed", 5, "--greedy"]):
+    for other in (["-n", 7, "--seed", 5], ["-n", 6, "--seed", 6],
+                  ["-n", 6, "--seed", 5, "--greedy"]):
         r = run_cli(gen(model, src, "-o", out, "--stats", stats, "--resume", *other))
         err = r.err.strip().splitlines()
         assert r.code == 2 and len(err) == 1 and "made with" in err[0], r.err
@@ -323,7 +327,7 @@ _KILLER = """
 import os, signal, sys, time
 import evspark_cli.api as api
 from evspark_cli import cli
-real, calls, mode = api.generate, [], sys.argv[1]
+real, calls, mode = api.continue_prompt, [], sys.argv[1]
 def patched(*a, **kw):
     calls.append(1)
     if len(calls) == 3:
@@ -331,7 +335,7 @@ def patched(*a, **kw):
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(120)  # the parent sends SIGINT meanwhile
     return real(*a, **kw)
-api.generate = patched
+api.continue_prompt = patched
 sys.argv = ["evspark"] + sys.argv[2:]
 cli.main()
 """
@@ -414,14 +418,14 @@ def test_one_failing_record_keeps_the_others(tmp_path, model, recs, monkeypatch)
     opts = ["-n", 6, "--seed", 2]
     ref, _ = _reference(tmp_path, model, src, opts)
     out, stats = tmp_path / "out.fa", tmp_path / "out.tsv"
-    real = api.generate
+    real = api.continue_prompt
 
     def faulty(*a, **kw):
         if kw["record_id"] == "r2":
             raise RuntimeError("planted fault")
         return real(*a, **kw)
 
-    monkeypatch.setattr(api, "generate", faulty)
+    monkeypatch.setattr(api, "continue_prompt", faulty)
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 1 and "Traceback" not in r.err
     assert "record 'r2' failed: planted fault" in r.err
@@ -429,7 +433,7 @@ def test_one_failing_record_keeps_the_others(tmp_path, model, recs, monkeypatch)
     assert not out.exists() and not stats.exists()
     assert list(split_fasta(Path(f"{out}.partial").read_text())) == ["r1", "r3", "r4", "r5"]
 
-    monkeypatch.setattr(api, "generate", real)
+    monkeypatch.setattr(api, "continue_prompt", real)
     seen = _generated_ids(monkeypatch)
     ok(gen(model, src, "-o", out, "--stats", stats, "--resume", *opts))
     assert seen == ["r2"]
@@ -464,7 +468,8 @@ def test_shards_cover_the_input_once_and_recombine_byte_for_byte(tmp_path, model
 def test_help_is_fast_lists_every_command_and_does_not_import_torch(tmp_path):
     cmd = [sys.executable, "-m", "evspark_cli.cli", "--help"]
     env = subprocess_env()
-    subprocess.run(cmd, capture_output=True, env=env, cwd=tmp_path, timeout=60)  # warm the disk cache
+    # warm the disk cache
+    subprocess.run(cmd, capture_output=True, env=env, cwd=tmp_path, timeout=60)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     elapsed = time.perf_counter() - t0
@@ -590,7 +595,8 @@ def test_score_keeps_finished_records_when_one_fails_and_resumes(tmp_path, model
     assert r.code == 1 and not tsv.exists()
     errs = r.err.strip().splitlines()
     assert errs[0] == "evspark: error: record 'bad' failed: simulated failure"
-    assert errs[-1].startswith("evspark: error: 1 of 3 records failed (bad)") and "--resume" in errs[-1]
+    assert errs[-1].startswith("evspark: error: 1 of 3 records failed (bad)")
+    assert "--resume" in errs[-1]
     partial = (tmp_path / "s.tsv.partial").read_text().splitlines()
     assert [ln.split("\t")[0] for ln in partial] == ["record_id", "a", "c"]
 

@@ -1,4 +1,4 @@
-"""fp32-scale codec: the three claims (round trip, fp16 overflow, shared scale flattens) + shards."""
+"""fp32-scale codec: the three claims (round trip, fp16 overflow, shared scale flattens), shards."""
 from __future__ import annotations
 
 import json
@@ -98,7 +98,8 @@ def test_shared_scale_bf16_payload_is_not_what_breaks() -> None:
 
 
 def test_extreme_magnitudes_and_float64_input() -> None:
-    x = torch.tensor([[1e30, -3e29, 7.0], [1e-30, 2e-31, 0.0], [3.3e38, 1.0, -3.3e38]], dtype=torch.float64)
+    x = torch.tensor([[1e30, -3e29, 7.0], [1e-30, 2e-31, 0.0], [3.3e38, 1.0, -3.3e38]],
+                     dtype=torch.float64)
     for kind in ("bf16", "int8"):
         e = encode(x, kind)
         assert torch.isfinite(e.scale).all()

@@ -7,22 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny import PHIX  # noqa: E402  (../shared beside the repository)
 
 from evspark_cli.errors import InputError
-from evspark_cli.train.corpus import (
-    Corpus,
-    encode_sequence,
-    fasta_files,
-    iter_eval_windows,
-    read_fasta,
-    reverse_complement,
-)
-
-from tiny import PHIX  # noqa: E402  (../shared beside the repository)
+from evspark_cli.eval.score import iter_eval_windows
+from evspark_cli.train.corpus import Corpus, fasta_files, read_fasta, reverse_complement
 
 
 def write_fasta(path: Path, records: list[tuple[str, str]], gz: bool = False) -> Path:
-    text = "".join(f">{name} test record\n" + "\n".join(seq[i:i + 60] for i in range(0, len(seq), 60)) + "\n"
+    text = "".join(f">{name} test record\n" + "".join(seq[i:i + 60] + "\n"
+                                                     for i in range(0, len(seq), 60))
                    for name, seq in records)
     if gz:
         with gzip.open(path, "wt") as fh:
@@ -44,13 +38,13 @@ def tiny(tmp_path: Path) -> Corpus:
 
 
 def test_reading_and_metadata(tiny: Corpus) -> None:
-    assert tiny.names == ["recA", "recC", "recG", "short"]
-    assert [p.name for p in tiny.sources] == ["a.fa", "a.fa", "b.fa.gz", "b.fa.gz"]
-    assert tiny.lengths.tolist() == [50, 120, 80, 5] and tiny.total_length == 255
-    rec = tiny["recC"]
+    assert [r.name for r in tiny.records] == ["recA", "recC", "recG", "short"]
+    assert [r.source.name for r in tiny.records] == ["a.fa", "a.fa", "b.fa.gz", "b.fa.gz"]
+    assert tiny.lengths.tolist() == [50, 120, 80, 5]
+    rec = tiny.records[1]
     assert rec.seq.dtype == np.uint8 and set(rec.seq.tolist()) == {ord("C")}  # upper-cased
-    assert rec.description == "recC test record"
-    assert tiny[2].name == "recG" and len(tiny) == 4
+    assert rec.description == "test record"  # the header after the id, as for prompts
+    assert tiny.records[2].name == "recG" and len(tiny) == 4
 
 
 def test_windows_never_cross_records(tiny: Corpus) -> None:
@@ -71,19 +65,24 @@ def test_windows_never_cross_records(tiny: Corpus) -> None:
 def test_window_contents_and_positions(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     seqs = ["".join(rng.choice(list("ACGT"), n)) for n in (300, 40, 500)]
-    c = Corpus.from_paths(write_fasta(tmp_path / "r.fa", [(f"r{i}", s) for i, s in enumerate(seqs)]))
+    c = Corpus.from_paths(write_fasta(tmp_path / "r.fa",
+                                      [(f"r{i}", s) for i, s in enumerate(seqs)]))
     w = c.sample_windows(200, 31, torch.Generator().manual_seed(5), rc_prob=0.0)
     for row in w:
         text = bytes(row.to(torch.uint8).tolist()).decode()
         assert any(text in s for s in seqs)
 
 
+def encode_sequence(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("ascii"), np.uint8).copy()
+
+
 def test_reverse_complement_iupac() -> None:
     fwd = encode_sequence("ACGTRYKMBVDHSWNU")
     rc = reverse_complement(fwd)
     assert bytes(rc).decode() == "ANWSDHBVKMRYACGT"
-    assert bytes(reverse_complement(reverse_complement(encode_sequence("ACGTRYKMBVDHSWN")))).decode() == \
-        "ACGTRYKMBVDHSWN"
+    twice = reverse_complement(reverse_complement(encode_sequence("ACGTRYKMBVDHSWN")))
+    assert bytes(twice).decode() == "ACGTRYKMBVDHSWN"
     t = torch.tensor([[65, 67, 71, 84, 82], [78, 83, 87, 75, 77]])
     assert reverse_complement(t).tolist() == [[89, 65, 67, 71, 84], [75, 77, 87, 83, 78]]
     assert reverse_complement(torch.tensor([65], dtype=torch.uint8)).dtype == torch.uint8
@@ -116,7 +115,8 @@ def test_deterministic_by_seed(tiny: Corpus) -> None:
     assert torch.equal(first, draw(7)) and not torch.equal(first, second)
 
 
-@pytest.mark.parametrize("n,window,context", [(1, 4, 3), (2, 4, 3), (37, 4, 3), (37, 5, 1), (40, 8, 100), (64, 8, 8)])
+@pytest.mark.parametrize("n,window,context",
+                         [(1, 4, 3), (2, 4, 3), (37, 4, 3), (37, 5, 1), (40, 8, 100), (64, 8, 8)])
 def test_eval_tiling_scores_each_position_once(n: int, window: int, context: int) -> None:
     seq = np.arange(n, dtype=np.int64)  # token = its own position, to read positions back
     hits = np.zeros(n, dtype=np.int64)
@@ -133,7 +133,7 @@ def test_eval_tiling_scores_each_position_once(n: int, window: int, context: int
 
 
 def test_eval_tiling_on_corpus_record(tiny: Corpus) -> None:
-    chunks = list(tiny.iter_eval_windows("recA", 16, 8))
+    chunks = list(iter_eval_windows(tiny.records[0].seq, 16, 8))
     assert [s for _, s in chunks] == [1, 8, 8, 8]
     assert sum(len(ids) - s for ids, s in chunks) == 49
     assert torch.equal(chunks[0][0], torch.full((17,), 65))
@@ -143,7 +143,7 @@ def test_eval_tiling_on_corpus_record(tiny: Corpus) -> None:
 
 
 def test_bad_input(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="non-IUPAC"):
+    with pytest.raises(InputError, match="invalid character '-' at position 5"):
         read_fasta(write_fasta(tmp_path / "bad.fa", [("x", "ACGT-ACGT")]))
     with pytest.raises(InputError):
         fasta_files(tmp_path / "missing")
@@ -160,13 +160,13 @@ def test_bad_input(tmp_path: Path) -> None:
 @pytest.mark.skipif(not PHIX.exists(), reason="shared data not present")
 def test_real_phix174() -> None:
     c = Corpus.from_paths([PHIX])
-    assert c.names == ["NC_001422.1"] and c.total_length == 5386
-    assert set(np.unique(c[0].seq).tolist()) <= {65, 67, 71, 84}
-    assert bytes(c[0].seq[:20]).decode() == "GAGTTTTATCGCTTCCATGA"
-    gc = float(np.isin(c[0].seq, [67, 71]).mean())
+    assert [r.name for r in c.records] == ["NC_001422.1"] and c.lengths.tolist() == [5386]
+    assert set(np.unique(c.records[0].seq).tolist()) <= {65, 67, 71, 84}
+    assert bytes(c.records[0].seq[:20]).decode() == "GAGTTTTATCGCTTCCATGA"
+    gc = float(np.isin(c.records[0].seq, [67, 71]).mean())
     assert abs(gc - 0.448) < 0.001  # README: GC 44.8 %
     w = c.sample_windows(8, 512, torch.Generator().manual_seed(0))
     assert w.shape == (8, 513)
-    assert sum(len(ids) - s for ids, s in c.iter_eval_windows(0, 1024, 256)) == 5385
+    assert sum(len(ids) - s for ids, s in iter_eval_windows(c.records[0].seq, 1024, 256)) == 5385
     # the directory form reads the same file among the split
-    assert "NC_001422.1" in Corpus.from_paths(PHIX.parent).names
+    assert "NC_001422.1" in [r.name for r in Corpus.from_paths(PHIX.parent).records]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import shared_trained_tiny  # noqa: E402
 
 from evspark_cli.api import generate
 from evspark_cli.decode.drafters.base import RngKey
@@ -25,7 +26,6 @@ from evspark_cli.decode.speculative import decode_speculative
 from evspark_cli.errors import RunError
 from evspark_cli.eval.compare import compare_greedy, first_divergence
 from evspark_cli.model.checkpoint import load_model, save_model
-from tiny import shared_trained_tiny  # noqa: E402
 
 GREEDY = SamplerConfig(1.0, 1, 1.0)  # what `evspark verify` uses
 GAMMAS = (1, 2, 3, 5, 8, 12)
@@ -152,7 +152,8 @@ def test_identity_drafter_reproduces_native_sampling(models, model_name, sampler
             assert spec.tau == pytest.approx(n / spec.rounds)
     # the sampled runs are not greedy in disguise
     greedy = decode_native(model, PROMPTS[3], n, GREEDY).tokens
-    sampled = [decode_native(model, PROMPTS[3], n, sampler, RngKey(1, 0, s)).tokens for s in range(3)]
+    sampled = [decode_native(model, PROMPTS[3], n, sampler, RngKey(1, 0, s)).tokens
+               for s in range(3)]
     assert any(s != greedy for s in sampled)
 
 
@@ -303,7 +304,8 @@ def test_compare_greedy_classifies_ties(models):
     assert below["tie"] is False
     same = compare_greedy("r", nat, DecodeResult(list(nat.tokens), 1.0, "speculative", rounds=1,
                                                  accepted=[19], proposed=[19]), 1e-3)
-    assert (same["divergence"], same["tie"], same["compared"], same["tau"]) == (None, False, 20, 20.0)
+    got = (same["divergence"], same["tie"], same["compared"], same["tau"])
+    assert got == (None, False, 20, 20.0)
     # hand-made margins: a tiny native gap at the divergence is a tie, a large one is not
     hand = DecodeResult([1, 2, 3], 1.0, "native", margins=[5.0, 1e-6, 3.0])
     assert compare_greedy("h", hand, DecodeResult([1, 9, 3], 1.0, "speculative"), 1e-3)["tie"]
@@ -452,7 +454,8 @@ def test_prefilled_prompt_is_reusable_and_equals_a_fresh_start(model_dirs):
         assert decode_native(model, prompt, 24, sampler, key, prefilled=pf).tokens == fresh.tokens
         for name, cls in DRAFTERS.items():
             spec = decode_speculative(model, prompt, 24, sampler, cls(), 5, key, prefilled=pf)
-            assert spec.tokens == decode_speculative(model, prompt, 24, sampler, cls(), 5, key).tokens
+            spec2 = decode_speculative(model, prompt, 24, sampler, cls(), 5, key)
+            assert spec.tokens == spec2.tokens
             assert spec.prefill_s < fresh.wall_s  # no prefill inside: a clone of the state
     after = pf.state.tensors()
     assert all(torch.equal(before[k], after[k]) for k in before)

@@ -25,8 +25,14 @@ from evspark_cli.decode.native import decode_native  # noqa: E402
 from evspark_cli.decode.sampling import SamplerConfig, sampler_probs  # noqa: E402
 from evspark_cli.model.checkpoint import load_model, weights_hash  # noqa: E402
 from evspark_cli.train.codec import BF16_ABS_ERROR, ShardReader  # noqa: E402
-from evspark_cli.train.distill import (CacheConfig, DistillConfig, DistillTrainer,  # noqa: E402
-                                       TeacherData, build_cache, distill_loss)
+from evspark_cli.train.distill import (  # noqa: E402
+    CacheConfig,
+    DistillConfig,
+    DistillTrainer,
+    TeacherData,
+    build_cache,
+    distill_loss,
+)
 
 DNA = [65, 67, 71, 84]
 NATURAL, ONPOLICY, WINDOW, PROMPT = 68, 4, 128, 48  # 72 windows: two shards of <= 64 rows
@@ -140,7 +146,8 @@ def test_onpolicy_prompt_longer_than_the_window_falls_back(target_dir, tmp_path)
     build_cache(cfg, log=lambda m: None)
     r = ShardReader(tmp_path / "c")
     rows = r.rows(range(4))
-    assert rows["tokens"].shape == (4, WINDOW) and rows["onpolicy"].tolist() == [False, False, True, True]
+    assert rows["tokens"].shape == (4, WINDOW)
+    assert rows["onpolicy"].tolist() == [False, False, True, True]
     assert r.metadata["onpolicy_prompt"] == WINDOW // 2
 
 
@@ -148,7 +155,8 @@ def test_teacher_batches_line_up(data):
     gamma, P = 4, 16
     b = data.batch(64, gamma, P, torch.Generator().manual_seed(0))
     assert b["ctx"].shape == (64, P, 2, 32) and b["p_alpha"].shape == (64, gamma, 4)
-    assert torch.equal(b["prev"][:, 1:], b["target"][:, :-1]) and torch.equal(b["prev"][:, 0], b["anchor"])
+    assert torch.equal(b["prev"][:, 1:], b["target"][:, :-1])
+    assert torch.equal(b["prev"][:, 0], b["anchor"])
     # find the anchors back: ctx are the hidden states of the P positions before the anchor, the
     # teacher rows are p̃ predicting each target token
     runs = data.tokens.unfold(1, gamma + 1, 1)  # (windows, starts, gamma + 1)
@@ -164,7 +172,8 @@ def test_teacher_batches_line_up(data):
             pos = a - P + i
             assert bool(b["valid"][j, i]) == (pos >= 0)
             if pos >= 0:
-                assert torch.equal(b["ctx"][j, i], data.hidden(torch.tensor([w]), torch.tensor([pos]))[0])
+                assert torch.equal(b["ctx"][j, i],
+                                   data.hidden(torch.tensor([w]), torch.tensor([pos]))[0])
             else:
                 assert bool((b["ctx"][j, i] == 0).all())
 

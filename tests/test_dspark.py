@@ -21,18 +21,29 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import PHIX, phix_genome, random_tiny_dir, tiny_config, trained_tiny_dir  # noqa: E402
+from tiny import (  # noqa: E402
+    PHIX,
+    phix_genome,
+    random_tiny_dir,
+    run_cli,
+    tiny_config,
+    trained_tiny_dir,
+)
 
 from evspark_cli.decode.batch import BatchDecoder, Job  # noqa: E402
 from evspark_cli.decode.drafters.base import DraftContext, Proposal, RngKey  # noqa: E402
 from evspark_cli.decode.drafters.dspark import (  # noqa: E402
-    DSparkConfig, DSparkDrafter, DSparkNet, load_drafter, save_drafter)
+    DSparkConfig,
+    DSparkDrafter,
+    DSparkNet,
+    load_drafter,
+    save_drafter,
+)
 from evspark_cli.decode.native import decode_native, start  # noqa: E402
 from evspark_cli.decode.sampling import SamplerConfig, sampler_probs  # noqa: E402
 from evspark_cli.decode.speculative import decode_speculative  # noqa: E402
 from evspark_cli.errors import ModelError  # noqa: E402
 from evspark_cli.model.checkpoint import load_model, weights_hash  # noqa: E402
-from tiny import run_cli  # noqa: E402
 
 DNA = [65, 67, 71, 84]
 N_ID = 78
@@ -106,7 +117,8 @@ class OneRow:
         self.ctx = ctx
 
     def propose(self, state, anchor: int, gamma: int):
-        return Proposal(*(t[None] for t in self.rows.propose(state, [anchor], [gamma]).row(0, gamma)))
+        drafts, q = self.rows.propose(state, [anchor], [gamma]).row(0, gamma)
+        return Proposal(drafts[None], q[None])
 
     @property
     def buf(self):
@@ -128,7 +140,8 @@ def restarter(drafter: DSparkDrafter, model, prompt: list[int], sampler: Sampler
     state, anchor, hidden = start(model, prompt, reserve=64, keep_hidden=drafter.prefix_len)
 
     def restart(rng: RngKey):
-        return OneRow(drafter, DraftContext(model, list(prompt), sampler, rng, hidden)), state, anchor
+        row = OneRow(drafter, DraftContext(model, list(prompt), sampler, rng, hidden))
+        return row, state, anchor
 
     return restart
 
@@ -263,8 +276,13 @@ def test_markov_head_moves_q_with_the_previous_token():
 
 
 def test_training_teacher_forces_the_markov_head_with_true_previous_tokens(target_dir, tmp_path):
-    from evspark_cli.train.distill import (CacheConfig, DistillConfig, TeacherData, build_cache,
-                                           distill_loss)
+    from evspark_cli.train.distill import (
+        CacheConfig,
+        DistillConfig,
+        TeacherData,
+        build_cache,
+        distill_loss,
+    )
 
     build_cache(CacheConfig(target=str(target_dir), out_dir=str(tmp_path / "c"), train=[str(PHIX)],
                             natural_windows=4, onpolicy_windows=0, window=128, batch=4),
@@ -284,7 +302,7 @@ def test_training_teacher_forces_the_markov_head_with_true_previous_tokens(targe
         used[k, rows[:, k]] = True
     grad_norm = net.markov.grad.abs().sum(-1)
     assert bool((grad_norm[~used] == 0).all()), "a Markov row the batch never selects got gradient"
-    assert bool((grad_norm[used] > 0).all()), "a Markov row selected by a prev token got no gradient"
+    assert bool((grad_norm[used] > 0).all()), "a Markov row chosen by a prev token got no gradient"
     # a different previous token changes the loss (the head is really in the loss)
     b2 = dict(b)
     b2["prev"] = b["prev"].clone()
@@ -335,7 +353,8 @@ def test_drafter_of_another_target_is_refused_unless_forced(tmp_path, target_dir
     code, out, err = run_cli(base + ["--model", other_dir])
     assert code == 3, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("evspark: error:") and "another target" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("evspark: error:")
+    assert "another target" in lines[0]
     assert "--force-drafter" in lines[0] and out == ""
     code, out, err = run_cli(base + ["--model", other_dir, "--force-drafter"])
     assert code == 0, err

@@ -107,7 +107,8 @@ def one_by_one(model, state: InferenceState, ids: torch.Tensor):
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory, oracle_dir):
     out = tmp_path_factory.mktemp("oracle_model")
-    convert_checkpoint(oracle_dir / "tiny_vtx.safetensors", oracle_dir / "tiny_vtx_config.json", out)
+    convert_checkpoint(oracle_dir / "tiny_vtx.safetensors", oracle_dir / "tiny_vtx_config.json",
+                       out)
     model = load_model(out, "cpu", torch.float32)
     ref = load_file(str(oracle_dir / "tiny_vtx_reference_tensors.safetensors"))
     return model, ref
@@ -604,7 +605,8 @@ def test_short_block_attention_on_cuda(dtype):
     g = torch.Generator().manual_seed(3)
     q, keys, vals = (torch.randn(1, 3, n, 64, generator=g).to("cuda", dtype)
                      for n in (13, 37 + 13, 37 + 13))
-    allowed = torch.arange(50, device="cuda")[None, :] <= torch.arange(37, 50, device="cuda")[:, None]
+    rows = torch.arange(37, 50, device="cuda")[:, None]
+    allowed = torch.arange(50, device="cuda")[None, :] <= rows
     want = torch.nn.functional.scaled_dot_product_attention(q.float(), keys.float(), vals.float(),
                                                             attn_mask=allowed)
     got = attention.attend_block(q, kv_cache(keys, vals), (37,))
@@ -717,7 +719,8 @@ def test_cached_derived_weights_follow_weight_updates(make_model):
         model.extend(st, seq[:, 30:33])
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("mlp.l1.weight", "filter.h", "filter.log_poles", "short_filter_weight")):
+            if name.endswith(("mlp.l1.weight", "filter.h", "filter.log_poles",
+                              "short_filter_weight")):
                 p.mul_(0.9)
     with torch.inference_mode():
         _, _, st = model.prefill(seq[:, :30])

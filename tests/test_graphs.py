@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import stripe_config
 
 from evspark_cli.decode.drafters.base import RngKey
 from evspark_cli.decode.drafters.identity import IdentityDrafter
@@ -18,7 +19,6 @@ from evspark_cli.decode.speculative import decode_speculative
 from evspark_cli.model import graphs as graphs_mod
 from evspark_cli.model.config import ModelConfig
 from evspark_cli.model.state import StaleBlockError
-from tiny import stripe_config
 
 TOL = 1e-4
 PATTERN = ["hcs", "attn", "hcm", "hcl", "attn", "hcl"]
@@ -83,7 +83,8 @@ def test_model_made_under_inference_mode_still_records(make_model):
     plain = make_model(config(), seed=5)
     assert next(graphed.parameters()).is_inference()
     graphed.use_graphs("eager")
-    lockstep(graphed, plain, ids(20, 1), 100, [(ids(k, 60 + r), 1) for r, k in enumerate([1, 4] * 4)])
+    lockstep(graphed, plain, ids(20, 1), 100,
+             [(ids(k, 60 + r), 1) for r, k in enumerate([1, 4] * 4)])
     assert graphed.graphs.disabled_reason is None and graphed.graphs.replays > 0
 
 
@@ -196,7 +197,8 @@ def test_decoders_give_the_same_tokens_with_recordings(pair, sampler, rollback):
                                    rollback=rollback) for m in (graphed, plain)]
         assert runs[0].tokens == runs[1].tokens
         assert runs[0].accepted == runs[1].accepted
-    natives = [decode_native(m, prompt, 40, sampler, RngKey(seed=4)).tokens for m in (graphed, plain)]
+    natives = [decode_native(m, prompt, 40, sampler, RngKey(seed=4)).tokens
+               for m in (graphed, plain)]
     assert natives[0] == natives[1]
     assert graphed.graphs.replays > 0
 

@@ -112,15 +112,18 @@ BAD_INPUTS = [
     ("corrupt gzip", _corrupt_gz, {}, "gzip"),
     ("truncated bgzf", _truncated_bgzf, {}, "truncated or corrupt gzip"),
     ("xz", _file(b"\xfd7zXZ\x00\x00rest"), {}, "xz-compressed"),
-    ("duplicate ids in a file", _file(">a\nAC\n>b\nGG\n>a\nTT\n"), {}, "duplicate record id 'a' (twice in"),
+    ("duplicate ids in a file", _file(">a\nAC\n>b\nGG\n>a\nTT\n"), {},
+     "duplicate record id 'a' (twice in"),
     ("duplicate ids across files", _two_files_same_id, {}, "duplicate record id 'dup' (in"),
-    ("prompt_tail 0", _file(">a\nACGT\n"), {"prompt_tail": 0}, "--prompt-tail must be an integer >= 1"),
+    ("prompt_tail 0", _file(">a\nACGT\n"), {"prompt_tail": 0},
+     "--prompt-tail must be an integer >= 1"),
     ("prompt_tail negative", _file(">a\nACGT\n"), {"prompt_tail": -3}, "--prompt-tail"),
     ("stdin twice", lambda t: ["-", "-"], {}, "only once"),
     ("no inputs", lambda t: [], {}, "no input"),
     # regions
     ("region on missing record", _file(WIDE), {"regions": ["nope:1-3"]}, "no record 'nope' in"),
-    ("region out of range", _file(WIDE), {"regions": ["rec2:5-13"]}, "past the end of record 'rec2' (12 bp)"),
+    ("region out of range", _file(WIDE), {"regions": ["rec2:5-13"]},
+     "past the end of record 'rec2' (12 bp)"),
     ("region start past end", _file(WIDE), {"regions": ["rec2:13"]}, "past the end"),
     ("region start > end", _file(WIDE), {"regions": ["rec1:9-3"]}, "start 9 is after end 3"),
     ("region start 0", _file(WIDE), {"regions": ["rec1:0-3"]}, "start must be >= 1"),
@@ -139,18 +142,22 @@ BAD_INPUTS = [
     ("region invalid letter", _file(">r\nACGTACGTAC\nACGTACZ\n"), {"regions": ["r:12-17"]},
      "record 'r' in {0} (region r:12-17): invalid character 'Z' at position 17"),
     ("region empty record", _file(">e\n>r\nACGT\n"), {"regions": ["e"]}, "record 'e'"),
-    ("region duplicate ids", _file(">a\nAC\n>a\nGG\n"), {"regions": ["a"]}, "duplicate record id 'a'"),
-    ("region duplicate across files", _two_files_same_id, {"regions": ["other"]}, "duplicate record id 'dup'"),
+    ("region duplicate ids", _file(">a\nAC\n>a\nGG\n"), {"regions": ["a"]},
+     "duplicate record id 'a'"),
+    ("region duplicate across files", _two_files_same_id, {"regions": ["other"]},
+     "duplicate record id 'dup'"),
     ("region not FASTA", _file("nope\n"), {"regions": ["a"]}, "not FASTA"),
     ("region empty file", _file(""), {"regions": ["a"]}, "is empty"),
     ("region truncated gzip", _truncated_gz, {"regions": ["a:1-4"]}, "truncated or corrupt gzip"),
     ("region truncated bgzf", _truncated_bgzf, {"regions": ["a:1-4"]}, "truncated or corrupt gzip"),
     ("region non-UTF-8", _file(b">a\nAC\xffGT\n"), {"regions": ["a"]}, "not UTF-8"),
-    ("region index_dir is a file", _file(WIDE), {"regions": ["rec1"], "index_dir": "__FILE__"}, "index directory"),
+    ("region index_dir is a file", _file(WIDE), {"regions": ["rec1"], "index_dir": "__FILE__"},
+     "index directory"),
 ]
 
 
-@pytest.mark.parametrize("make,kwargs,needle", [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
+@pytest.mark.parametrize("make,kwargs,needle", [c[1:] for c in BAD_INPUTS],
+                         ids=[c[0] for c in BAD_INPUTS])
 def test_bad_inputs(tmp_path: Path, make: Callable[[Path], list[str]], kwargs: dict, needle: str,
                     monkeypatch: pytest.MonkeyPatch) -> None:
     inputs = make(tmp_path)
@@ -197,7 +204,8 @@ def test_permission_denied_is_translated(tmp_path: Path, monkeypatch: pytest.Mon
             read_prompts([str(p)], regions=regions, index_dir=str(tmp_path / "i"))
 
 
-def test_default_index_dir_falls_back_to_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_index_dir_falls_back_to_temp(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from evspark_cli.io.fasta import default_index_dir
 
     (tmp_path / "file").write_text("")
@@ -258,7 +266,8 @@ def test_several_files_keep_order(tmp_path: Path) -> None:
 def test_case_whitespace_crlf_bom_iupac(tmp_path: Path) -> None:
     p = tmp_path / "w.fa"
     alphabet = "".join(sorted(IUPAC))
-    p.write_bytes(("\ufeff\n\n>a  spaced   desc \r\nac gt\tn\r\n" + alphabet.lower() + "\r\n").encode())
+    text = "\ufeff\n\n>a  spaced   desc \r\nac gt\tn\r\n" + alphabet.lower() + "\r\n"
+    p.write_bytes(text.encode())
     (out,) = read_prompts([str(p)])
     assert out.id == "a" and out.description == "spaced   desc"
     assert out.seq == "ACGTN" + alphabet
@@ -269,16 +278,21 @@ def test_prompt_tail(tmp_path: Path) -> None:
     p.write_text(WIDE)
     out = read_prompts([str(p)], prompt_tail=5)
     assert seqs(out) == {k: v[-5:] for k, v in WIDE_SEQ.items()}
-    out = read_prompts([str(p)], regions=["rec1:1-10"], prompt_tail=3, index_dir=str(tmp_path / "i"))
+    out = read_prompts([str(p)], regions=["rec1:1-10"], prompt_tail=3,
+                       index_dir=str(tmp_path / "i"))
     assert out[0].seq == "TAC" and out[0].id == "rec1:1-10"
 
 
-@pytest.mark.parametrize("text", [WIDE, TEXT.replace("GGGG CCCC", "GGGGCCCC")], ids=["fixed-width", "ragged"])
-def test_regions_all_formats_agree(tmp_path: Path, text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("text", [WIDE, TEXT.replace("GGGG CCCC", "GGGGCCCC")],
+                         ids=["fixed-width", "ragged"])
+def test_regions_all_formats_agree(tmp_path: Path, text: str,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
     whole = seqs(read_prompts([_write(tmp_path / "w.fa", text)]))
     regions = ["rec2:3-10", "rec1", "rec1:1-1", "rec1:2", "rec3:1-1", "rec2:1,0-1,2"]
-    want = [whole["rec2"][2:10], whole["rec1"], whole["rec1"][0], whole["rec1"][1:], "A", whole["rec2"][9:12]]
-    ids = ["rec2:3-10", "rec1", "rec1:1-1", f"rec1:2-{len(whole['rec1'])}", "rec3:1-1", "rec2:10-12"]
+    want = [whole["rec2"][2:10], whole["rec1"], whole["rec1"][0], whole["rec1"][1:], "A",
+            whole["rec2"][9:12]]
+    ids = ["rec2:3-10", "rec1", "rec1:1-1", f"rec1:2-{len(whole['rec1'])}", "rec3:1-1",
+           "rec2:10-12"]
     paths = [
         _write(tmp_path / "p.fa", text),
         str(write_bgzf(tmp_path / "b.fa.gz", text)),
@@ -304,13 +318,16 @@ def test_regions_across_inputs_in_given_order(tmp_path: Path) -> None:
     a = _write(tmp_path / "a.fa", ">one\nAAAACCCC\n")
     b = str(write_bgzf(tmp_path / "b.fa.gz", ">two\nGGGGTTTT\n"))
     out = read_prompts([a, b], regions=["two:2-3", "one:7-8", "two"], index_dir=str(tmp_path / "i"))
-    assert [(p.id, p.seq) for p in out] == [("two:2-3", "GG"), ("one:7-8", "CC"), ("two", "GGGGTTTT")]
+    assert [(p.id, p.seq) for p in out] == [("two:2-3", "GG"), ("one:7-8", "CC"),
+                                            ("two", "GGGGTTTT")]
 
 
 def test_region_id_with_colon_and_lowercase(tmp_path: Path) -> None:
     f = _write(tmp_path / "c.fa", ">chr1:100-200 odd id\nacgtacgt\n>HLA:1\nggcc\n")
-    out = read_prompts([f], regions=["chr1:100-200", "chr1:100-200:2-3", "HLA:1"], index_dir=str(tmp_path / "i"))
-    assert [(p.id, p.seq) for p in out] == [("chr1:100-200", "ACGTACGT"), ("chr1:100-200:2-3", "CG"), ("HLA:1", "GGCC")]
+    out = read_prompts([f], regions=["chr1:100-200", "chr1:100-200:2-3", "HLA:1"],
+                       index_dir=str(tmp_path / "i"))
+    assert [(p.id, p.seq) for p in out] == [("chr1:100-200", "ACGTACGT"),
+                                            ("chr1:100-200:2-3", "CG"), ("HLA:1", "GGCC")]
 
 
 def test_regions_use_cache_not_user_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -369,7 +386,8 @@ def test_shared_phix_index_cache(tmp_path: Path) -> None:
     before = sorted(os.listdir(PHIX.parent))
     whole = read_prompts([str(PHIX)])
     assert len(whole) == 1 and len(whole[0].seq) == 5386 and set(whole[0].seq) <= set("ACGT")
-    out = read_prompts([str(PHIX)], regions=["NC_001422.1:1-60", "NC_001422.1:5,327-5,386"], index_dir=str(cache))
+    out = read_prompts([str(PHIX)], regions=["NC_001422.1:1-60", "NC_001422.1:5,327-5,386"],
+                       index_dir=str(cache))
     assert [p.seq for p in out] == [whole[0].seq[:60], whole[0].seq[-60:]]
     assert sorted(os.listdir(PHIX.parent)) == before  # read-only shared folder untouched
     assert any(n.endswith(".gzi") for n in os.listdir(cache))
@@ -390,7 +408,8 @@ def test_shared_prompts_match_tsv(tmp_path: Path) -> None:
     assert len(picked) >= 5
     for src, group in itertools.groupby(picked, key=lambda r: r["source_file"]):
         group = list(group)
-        out = read_prompts([str(DATA / src)], regions=[r["region"] for r in group], index_dir=str(tmp_path))
+        out = read_prompts([str(DATA / src)], regions=[r["region"] for r in group],
+                           index_dir=str(tmp_path))
         assert [p.seq for p in out] == [r["sequence"] for r in group]
         assert [p.id for p in out] == [r["region"] for r in group]
 
@@ -419,7 +438,8 @@ def _only_input_errors(fuzz_dir: Path, content: bytes, regions: list[str] | None
 
 _line_soup = st.lists(
     st.one_of(
-        st.sampled_from([">a", ">b desc", ">", "> x", ">a:1-2", "", " ", "\t", "ACGT", "acgtn", "NNNN",
+        st.sampled_from([">a", ">b desc", ">", "> x", ">a:1-2", "", " ", "\t", "ACGT", "acgtn",
+                         "NNNN",
                          "AC GT", "Z", "-", "\x00", "\r", "é", ";comment", "RYKM"]),
         st.text(alphabet="ACGTacgtN>\n\r \t-Z:\x00", max_size=12),
     ),
@@ -432,8 +452,10 @@ _record = st.tuples(
                        st.text(alphabet="ACGTNacgt -Z\r", max_size=12)), min_size=1, max_size=4),
 )
 _records = st.tuples(
-    st.sampled_from(["", "", "", "\n", "\n \n", "junk\n"]), st.lists(_record, min_size=1, max_size=4)
-).map(lambda pr: pr[0] + "".join(">" + h + "\n" + "".join(line + "\n" for line in lines) for h, lines in pr[1]))
+    st.sampled_from(["", "", "", "\n", "\n \n", "junk\n"]),
+    st.lists(_record, min_size=1, max_size=4)
+).map(lambda pr: pr[0] + "".join(">" + h + "\n" + "".join(line + "\n" for line in lines)
+                                 for h, lines in pr[1]))
 near_fasta = st.one_of(_line_soup, _records, _records)
 
 
@@ -461,7 +483,8 @@ def test_fuzz_near_fasta(fuzz_dir: Path, text: str, how: str) -> None:
 
 
 region_text = st.one_of(
-    st.sampled_from(["a", "b", "a:1-2", "a:1", "a:2-1", "a:0-1", "b:1,0-2,0", "a:1-999", "zz", "a:x", ":1-2", "a:"]),
+    st.sampled_from(["a", "b", "a:1-2", "a:1", "a:2-1", "a:0-1", "b:1,0-2,0", "a:1-999", "zz",
+                     "a:x", ":1-2", "a:"]),
     st.text(alphabet="ab:-,0123456789 ", max_size=10),
 )
 
@@ -470,7 +493,9 @@ region_text = st.one_of(
 @given(text=near_fasta, regions=st.lists(region_text, min_size=1, max_size=3))
 def test_fuzz_regions(fuzz_dir: Path, text: str, regions: list[str]) -> None:
     _only_input_errors(fuzz_dir, text.encode("utf-8", "surrogatepass"), regions)
-    _only_input_errors(fuzz_dir, WIDE.replace("rec", "").replace("1", "a").replace("2", "b").encode(), regions)
+    _only_input_errors(fuzz_dir,
+                       WIDE.replace("rec", "").replace("1", "a").replace("2", "b").encode(),
+                       regions)
 
 
 def test_parse_region_examples() -> None:

@@ -18,7 +18,8 @@ from evspark_cli.io.writers import FastaOutput, StatsOutput, check_output_path
 
 COLUMNS = ("record_id sample prompt_len new_tokens mode drafter gamma rounds tau acceptance_rate "
            "wall_s tokens_per_s native_wall_s native_tokens_per_s speedup").split()
-RECORDS = [("r1", "evspark model=m seed=0", "ACGTACGTACGTAGG"), ("r2_s0", "", "A"), ("r3", "x y", "GATTACA" * 3)]
+RECORDS = [("r1", "evspark model=m seed=0", "ACGTACGTACGTAGG"), ("r2_s0", "", "A"),
+           ("r3", "x y", "GATTACA" * 3)]
 
 
 def write_all(out: FastaOutput, records=RECORDS) -> None:
@@ -84,7 +85,9 @@ def test_resume_keeps_finished_and_drops_torn_tail(tmp_path: Path) -> None:
     assert [(p.id, p.description, p.seq) for p in read_prompts([str(path)])] == RECORDS
 
 
-@pytest.mark.parametrize("tail", [b">", b">r3", b">r3 x y\n", b">r3 x y\nGATTA\nCAGATTAC\n", b">r3\nGA\xc3"])
+@pytest.mark.parametrize("tail",
+                         [b">", b">r3", b">r3 x y\n", b">r3 x y\nGATTA\nCAGATTAC\n",
+                          b">r3\nGA\xc3"])
 def test_resume_drops_any_incomplete_last_record(tmp_path: Path, tail: bytes) -> None:
     path = tmp_path / "o.fa"
     out = FastaOutput(str(path), line_width=5)
@@ -161,7 +164,8 @@ def test_fasta_stdout(capsys: pytest.CaptureFixture[str]) -> None:
 def test_fasta_write_misuse(tmp_path: Path) -> None:
     with FastaOutput(str(tmp_path / "o.fa")) as out:
         out.write("a", "", "AC")
-        for args in [("a", "", "AC"), ("", "", "AC"), ("x y", "", "A"), ("z", "two\nlines", "A"), ("w", "", "AC\nGT"),
+        for args in [("a", "", "AC"), ("", "", "AC"), ("x y", "", "A"), ("z", "two\nlines", "A"),
+                     ("w", "", "AC\nGT"),
                      ("v", "", ">AC")]:
             with pytest.raises(ValueError):
                 out.write(*args)
@@ -197,7 +201,8 @@ def test_check_output_path_read_only_dir(tmp_path: Path) -> None:
         ro.chmod(0o700)
 
 
-def test_check_output_path_not_writable_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_output_path_not_writable_simulated(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # root ignores chmod
     with pytest.raises(InputError, match="is not writable"):
         check_output_path(str(tmp_path / "o.fa"))
@@ -214,8 +219,10 @@ def test_check_output_path_ok(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- stats
 
 ROW = {"record_id": "r1", "sample": 0, "prompt_len": 64, "new_tokens": 128, "mode": "speculative",
-       "drafter": "kmer", "gamma": 12, "rounds": 11, "tau": 11.636363636, "acceptance_rate": 0.8787878,
-       "wall_s": 1.23456789, "tokens_per_s": 103.68, "native_wall_s": None, "native_tokens_per_s": None,
+       "drafter": "kmer", "gamma": 12, "rounds": 11, "tau": 11.636363636,
+       "acceptance_rate": 0.8787878,
+       "wall_s": 1.23456789, "tokens_per_s": 103.68, "native_wall_s": None,
+       "native_tokens_per_s": None,
        "speedup": None}
 
 
@@ -297,7 +304,8 @@ def test_parse_shard_ok(text: str, want: tuple[int, int]) -> None:
     assert parse_shard(text) == want
 
 
-@pytest.mark.parametrize("text", ["3/2", "0/2", "a/b", "1", "1/0", "0/0", "-1/2", "1/2/3", "", "1.0/2"])
+@pytest.mark.parametrize("text",
+                         ["3/2", "0/2", "a/b", "1", "1/0", "0/0", "-1/2", "1/2/3", "", "1.0/2"])
 def test_parse_shard_bad(text: str) -> None:
     with pytest.raises(InputError, match="--shard"):
         parse_shard(text)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny import stripe_config
 
 from evspark_cli.decode.drafters.kmer import KmerDrafter
 from evspark_cli.decode.native import decode_native
@@ -17,7 +18,6 @@ from evspark_cli.model import layers
 from evspark_cli.model.checkpoint import load_model, save_model
 from evspark_cli.model.config import ModelConfig
 from evspark_cli.model.layers import cat_rows, input_major, linear
-from tiny import stripe_config
 
 TOL = 1e-4
 PATTERN = ["hcs", "attn", "hcm", "hcl", "attn", "hcl"]

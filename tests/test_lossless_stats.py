@@ -5,7 +5,7 @@ Thousands of short sampled continuations are drawn through the public decoders
 chi-square test against the *exact* joint distribution of the target's sampler, enumerated from
 the model (4 kept tokens per position under top-k 4, so 16 or 64 cells), and two-sample against
 native decoding. The correct rule must not be rejected at p = 0.001; a deliberately broken rule
-(the correction drawn from p̃ instead of the residual, docs/sampling-and-acceptance.md, "How losslessness is tested") must be rejected at
+(the correction drawn from p̃ instead of the residual) must be rejected at
 p < 0.001 on the same sample size and seeds. Everything is seeded, so the test is deterministic.
 
 scipy is not a dependency: the chi-square survival function is the regularized upper incomplete
@@ -266,4 +266,5 @@ def test_random_model_top_k4(random_model, cache):
     counts, accepted = draw_spec(random_model, PROMPT, 3, n, 401, KmerDrafter, 3)
     p, x, df = gof_test(counts, exact)
     assert p > ALPHA, f"random model kmer γ=3 vs exact: chi2={x:.1f} df={df} p={p:.2e}"
-    assert accepted[0] > n // 10 and sum(v for k, v in accepted.items() if k > 0) > n // 20, accepted
+    some = sum(v for k, v in accepted.items() if k > 0)
+    assert accepted[0] > n // 10 and some > n // 20, accepted

@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from evspark_cli.model.checkpoint import default_model_dir, load_model
-from evspark_cli.train.pretrain import TrainConfig, Trainer, keep_poles_stable, lr_at
 from tiny import PHIX, ROOT, SHARED, tiny_config
+
+from evspark_cli.bundled import default_model_dir
+from evspark_cli.model.checkpoint import load_model
+from evspark_cli.train.pretrain import TrainConfig, Trainer, keep_poles_stable, lr_at
 
 
 def cfg(tmp_path: Path, steps: int = 12, **kw) -> TrainConfig:
-    return TrainConfig(out_dir=str(tmp_path / "run"), model=tiny_config().to_dict(), train=[str(PHIX)],
+    return TrainConfig(out_dir=str(tmp_path / "run"), model=tiny_config().to_dict(),
+                       train=[str(PHIX)],
                        valid=[], window=64, batch_size=4, steps=steps, lr=1e-2, warmup=2,
                        eval_every=0, ckpt_every=4, seed=3, **kw)
 
@@ -92,7 +94,8 @@ def test_bundled_target_loads_and_scores_dna():
         assert pattern.count(kind) >= 2
     window = SHARED / "data" / "valid" / "ecoli_536.fa.gz"
     r = subprocess.run([sys.executable, "-m", "evspark_cli.cli", "score", str(window),
-                        "--region", "NC_008253.1:100001-104096", "--context", "2048", "--window", "2048",
+                        "--region", "NC_008253.1:100001-104096", "--context", "2048", "--window",
+                        "2048",
                         "--threads", "1", "--quiet"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     row = r.stdout.strip().splitlines()[1].split("\t")

@@ -1,6 +1,6 @@
 """The bad-input battery: every way a user can get the input, options or model wrong.
 
-One table, one row per case. Each row asserts the exit code (design/cli.md: 2 bad input or usage,
+One table, one row per case. Each row asserts the exit code (the CLI contract: 2 bad input or usage,
 3 model errors), exactly one `evspark: error: ...` line on stderr naming the problem, no
 traceback, and that a run that never started left no output file and no `.partial` behind.
 Then Hypothesis fuzzing of the FASTA reader and of `generate --include-prompt`, and determinism.
@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import random_tiny_dir, trained_tiny_dir  # noqa: E402
-from tiny import CliResult as Result, run_cli  # noqa: E402
+from tiny import CliResult as Result  # noqa: E402
+from tiny import random_tiny_dir, run_cli, trained_tiny_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--threads", "1", "-q"]
@@ -60,7 +60,8 @@ def models(tmp_path_factory) -> Models:
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("models")
-    return Models(trained_tiny_dir(root / "good", steps=20), random_tiny_dir(root / "short", max_seqlen=64))
+    return Models(trained_tiny_dir(root / "good", steps=20),
+                  random_tiny_dir(root / "short", max_seqlen=64))
 
 
 # ------------------------------------------------------------------------- files for the cases
@@ -102,7 +103,8 @@ def lying_header(m: Models, d: Path) -> Path:
     raw = f.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
     header = json.loads(raw[8 : 8 + n])
-    name = max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][1])
+    name = max((k for k in header if k != "__metadata__"),
+               key=lambda k: header[k]["data_offsets"][1])
     a, b = header[name]["data_offsets"]
     header[name]["data_offsets"] = [a, b + (1 << 20)]  # and so does the shape:
     header[name]["shape"] = [(b - a + (1 << 20)) // 4]
@@ -198,41 +200,50 @@ CASES: list[Case] = [
          2, r"nope\.fa: no such file"),
     Case("directory instead of a file", lambda d, m: ["generate", d, "--model", m.good, *FAST],
          2, r"is a directory, not a FASTA file"),
-    Case("empty file", gen_on(lambda d: w(d, "empty.fa", "")), 2, r"empty\.fa: is empty: no FASTA records"),
+    Case("empty file", gen_on(lambda d: w(d, "empty.fa", "")), 2,
+         r"empty\.fa: is empty: no FASTA records"),
     Case("text that is not FASTA", gen_on(lambda d: w(d, "notes.txt", "Sample sheet\nlane 1\n")),
          2, r"notes\.txt: not FASTA: line 1 should start with '>'"),
     Case("FASTA with no sequence", gen_on(lambda d: w(d, "hdr.fa", ">r1\n>r2\n")),
          2, r"record 'r1' in \S*hdr\.fa is empty"),
-    Case("record with only whitespace", gen_on(lambda d: w(d, "ws.fa", ">r1\nACGT\n>r2\n   \n\t \n")),
+    Case("record with only whitespace",
+         gen_on(lambda d: w(d, "ws.fa", ">r1\nACGT\n>r2\n   \n\t \n")),
          2, r"record 'r2' in \S*ws\.fa is empty"),
-    Case("letters outside IUPAC", gen_on(lambda d: w(d, "bad.fa", ">r1\nACGT\n>r2 x\nACGTNNRY\nACJT\n")),
+    Case("letters outside IUPAC",
+         gen_on(lambda d: w(d, "bad.fa", ">r1\nACGT\n>r2 x\nACGTNNRY\nACJT\n")),
          2, r"record 'r2' in \S*bad\.fa: invalid character 'J' at position 11"),
     Case("NUL byte", gen_on(lambda d: w(d, "nul.fa", b">r1\nACGT\nAC\x00GT\n")),
          2, r"nul\.fa: NUL byte at line 3"),
     Case("truncated gzip", gen_on(truncated_gzip), 2, r"cut\.fa\.gz: truncated or corrupt gzip"),
     Case("binary file (not UTF-8)", gen_on(lambda d: w(d, "bin.fa", b">r1\nAC\xff\xfeGT\n")),
          2, r"bin\.fa: not UTF-8 text"),
-    Case("region on a missing record", gen("--region", "chr9:1-5"), 2, r"region 'chr9:1-5': no record 'chr9'"),
+    Case("region on a missing record", gen("--region", "chr9:1-5"), 2,
+         r"region 'chr9:1-5': no record 'chr9'"),
     Case("region out of range", gen("--region", "r1:5-50"), 2,
          r"region 'r1:5-50': position 50 is past the end of record 'r1' \(18 bp\)"),
-    Case("region start > end", gen("--region", "r1:8-3"), 2, r"region 'r1:8-3': start 8 is after end 3"),
+    Case("region start > end", gen("--region", "r1:8-3"), 2,
+         r"region 'r1:8-3': start 8 is after end 3"),
     Case("malformed region syntax", gen("--region", "r1:a-b"), 2, r"malformed region 'r1:a-b'"),
     Case("region start 0", gen("--region", "r1:0-5"), 2, r"start must be >= 1"),
-    Case("duplicate record ids", gen_on(lambda d: w(d, "dup.fa", ">r1\nACGT\n>r2\nAC\n>r1 again\nGG\n")),
+    Case("duplicate record ids",
+         gen_on(lambda d: w(d, "dup.fa", ">r1\nACGT\n>r2\nAC\n>r1 again\nGG\n")),
          2, r"duplicate record id 'r1'"),
     Case("duplicate ids across files",
-         lambda d, m: ["generate", ok_fa(d), w(d, "more.fa", ">r2\nACGT\n"), "--model", m.good, *FAST],
+         lambda d, m: ["generate", ok_fa(d), w(d, "more.fa", ">r2\nACGT\n"), "--model", m.good,
+                       *FAST],
          2, r"duplicate record id 'r2' \(in \S*ok\.fa and in \S*more\.fa\)"),
     Case("stdin given twice", lambda d, m: ["generate", "-", "-", "--model", m.good, *FAST],
          2, r"'-' \(standard input\) can be given only once", stdin=OK_FASTA.encode()),
-    Case("empty stdin", lambda d, m: ["generate", "-", "--model", m.good, *FAST], 2, r"-: is empty"),
+    Case("empty stdin", lambda d, m: ["generate", "-", "--model", m.good, *FAST], 2,
+         r"-: is empty"),
     # ---- option values
     Case("-n 0", gen("-n", 0), 2, r"--max-new-tokens must be >= 1, got 0"),
     Case("-n -5", gen("-n", -5), 2, r"--max-new-tokens must be >= 1, got -5"),
     Case("-n not a number", gen("-n", "ten"), 2, r"Invalid value for '-n' / '--max-new-tokens'"),
     Case("--gamma 0", gen("--gamma", 0), 2, r"--gamma must be >= 1, got 0"),
     Case("--top-p 1.5", gen("--top-p", 1.5), 2, r"top_p must be in \(0, 1\], got 1\.5"),
-    Case("--temperature -1", gen("--temperature", -1), 2, r"temperature must be a finite number >= 0"),
+    Case("--temperature -1", gen("--temperature", -1), 2,
+         r"temperature must be a finite number >= 0"),
     Case("--top-k -1", gen("--top-k", -1), 2, r"top_k must be an integer >= 0"),
     Case("--samples 0", gen("--samples", 0), 2, r"--samples must be >= 1"),
     Case("--shard 3/2", gen("--shard", "3/2"), 2, r"--shard 3/2: need 1 <= I <= N"),
@@ -245,9 +256,11 @@ CASES: list[Case] = [
     Case("unknown drafter", gen("--drafter", "gpt"), 2, r"--drafter 'gpt': not a drafter name"),
     Case("unknown option", gen("--frobnicate"), 2, r"No such option: --frobnicate"),
     # ---- outputs
-    Case("output in a missing directory", lambda d, m: [*gen()(d, m), "-o", d / "no/such/out.fa"], 2,
+    Case("output in a missing directory",
+         lambda d, m: [*gen()(d, m), "-o", d / "no/such/out.fa"], 2,
          r"out\.fa: output directory \S+ does not exist", outputs=False),
-    Case("output without write permission", lambda d, m: [*gen()(d, m), "-o", _ro_dir(d) / "out.fa"],
+    Case("output without write permission",
+         lambda d, m: [*gen()(d, m), "-o", _ro_dir(d) / "out.fa"],
          2, r"out\.fa: output directory \S*readonly is not writable", outputs=False,
          note="as root: run in a private mount namespace with the folder bind-mounted read-only"),
     Case("output path is an existing directory", lambda d, m: [*gen()(d, m), "-o", d], 2,
@@ -261,13 +274,16 @@ CASES: list[Case] = [
          2, r"out\.tsv\.partial exists .*pass --resume", outputs=False),
     Case("--resume to stdout", gen("--resume"), 2, r"--resume needs an output file", outputs=False),
     Case("prompt longer than the context", lambda d, m: [
-        "generate", w(d, "long.fa", ">long\n" + "ACGT" * 20 + "\n"), "--model", m.short, *FAST, "-n", 4],
+        "generate", w(d, "long.fa", ">long\n" + "ACGT" * 20 + "\n"), "--model", m.short, *FAST,
+        "-n", 4],
         2, r"record 'long': prompt of 80 bases \+ 4 new tokens exceeds the model's context of 64; "
            r"use --prompt-tail"),
     # ---- hostile or broken models
-    Case("missing model folder", lambda d, m: ["generate", ok_fa(d), "--model", d / "nomodel", *FAST],
+    Case("missing model folder",
+         lambda d, m: ["generate", ok_fa(d), "--model", d / "nomodel", *FAST],
          3, r"model folder \S*nomodel does not exist"),
-    Case("empty model folder", gen_model(lambda m, d: (d / "empty_model").mkdir() or d / "empty_model"),
+    Case("empty model folder",
+         gen_model(lambda m, d: (d / "empty_model").mkdir() or d / "empty_model"),
          3, r"has no config\.json"),
     Case("truncated safetensors", gen_model(truncated_weights), 3,
          r"cannot read \S*model\.safetensors: corrupt or not a safetensors file"),
@@ -277,13 +293,16 @@ CASES: list[Case] = [
          r"model\.safetensors: tensor '[^']+' has shape \(.*\), the config implies \("),
     Case("NaN in the weights", gen_model(nan_weights), 3, r"tensor '[^']+' contains NaN or inf"),
     Case("code-executing .pt to convert (zip)",
-         lambda d, m: ["convert", evil_pt(d, legacy=False), "--config", m.good / "config.json", "-o", d / "conv"],
+         lambda d, m: ["convert", evil_pt(d, legacy=False), "--config", m.good / "config.json",
+                       "-o", d / "conv"],
          3, r"refusing to load \S*evil\.pt: not a plain tensor checkpoint", outputs=False),
     Case("code-executing .pt to convert (legacy pickle)",
-         lambda d, m: ["convert", evil_pt(d, legacy=True), "--config", m.good / "config.json", "-o", d / "conv"],
+         lambda d, m: ["convert", evil_pt(d, legacy=True), "--config", m.good / "config.json",
+                       "-o", d / "conv"],
          3, r"refusing to load \S*evil\.pt: not a plain tensor checkpoint", outputs=False),
     Case("convert a missing checkpoint",
-         lambda d, m: ["convert", d / "none.pt", "--config", m.good / "config.json", "-o", d / "conv"],
+         lambda d, m: ["convert", d / "none.pt", "--config", m.good / "config.json", "-o",
+                       d / "conv"],
          3, r"checkpoint \S*none\.pt does not exist", outputs=False),
 ]
 
@@ -309,7 +328,8 @@ def _run_readonly(args: list, ro: Path) -> Result:
 
 def _short(text: str, d: Path, m: Models) -> str:
     for path, name in ((m.good, "MODEL"), (m.short, "MODEL_CTX64"), (d, ".")):
-        text = text.replace(str(path) + "/", name + "/" if name != "." else "").replace(str(path), name)
+        text = text.replace(str(path) + "/", name + "/" if name != "." else "")
+        text = text.replace(str(path), name)
     return text
 
 
@@ -420,8 +440,9 @@ def test_fuzz_random_bytes_raise_only_input_errors(data):
     _only_input_errors(gzip.compress(data)[: max(10, len(data) // 2)])
 
 
-NEAR = st.lists(st.sampled_from([">", ">r1", ">r2 d", ">r1:1-5", "ACGT", "acgtn", "NNRY", "X", "-", "*",
-                                 " ", "\t", "\n", "\r\n", "\x00", "é", ";", ">\n", "U", "\ufeff"]),
+NEAR = st.lists(st.sampled_from([">", ">r1", ">r2 d", ">r1:1-5", "ACGT", "acgtn", "NNRY", "X",
+                                 "-", "*", " ", "\t", "\n", "\r\n", "\x00", "é", ";", ">\n", "U",
+                                 "\ufeff"]),
                 max_size=40).map("".join)
 
 

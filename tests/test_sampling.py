@@ -197,7 +197,8 @@ def test_greedy_is_one_hot_at_lowest_argmax() -> None:
         probs = sampler_probs(logits, cfg)
         assert probs.dtype == torch.float32
         assert torch.equal(probs.argmax(-1), torch.tensor([1, 2, 0]))
-        assert torch.equal(probs.sum(-1), torch.ones(3)) and set(probs.unique().tolist()) == {0.0, 1.0}
+        assert torch.equal(probs.sum(-1), torch.ones(3))
+        assert set(probs.unique().tolist()) == {0.0, 1.0}
     assert argmax_lowest(logits).tolist() == [1, 2, 0]
     assert argmax_lowest(torch.zeros(7)).item() == 0
 
@@ -315,7 +316,8 @@ def test_each_key_changes_the_stream() -> None:
 
 
 def test_purposes_are_distinct() -> None:
-    assert [int(p) for p in (Purpose.SAMPLE, Purpose.DRAFT, Purpose.ACCEPT, Purpose.RESIDUAL)] == [0, 1, 2, 3]
+    purposes = (Purpose.SAMPLE, Purpose.DRAFT, Purpose.ACCEPT, Purpose.RESIDUAL)
+    assert [int(p) for p in purposes] == [0, 1, 2, 3]
 
 
 def test_uniform_looks_uniform() -> None:

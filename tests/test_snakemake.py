@@ -61,7 +61,8 @@ def by_id(fasta: str) -> dict[str, str]:
 
 
 def evspark(*args) -> str:
-    p = subprocess.run([sys.executable, "-m", "evspark_cli.cli", *map(str, args)], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "evspark_cli.cli", *map(str, args)],
+                       capture_output=True,
                        text=True, env=env(), timeout=300)
     assert p.returncode == 0, p.stderr
     return p.stdout
@@ -114,7 +115,8 @@ def test_pipeline_script_equals_evspark_region(tmp_path, model):
                        timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     got = gzip.decompress(out.read_bytes()).decode()
-    want = evspark("generate", src, "--region", "chrB:11-50", "--model", model, "-n", 7, "--seed", 0,
+    want = evspark("generate", src, "--region", "chrB:11-50", "--model", model, "-n", 7, "--seed",
+                   0,
                    "--threads", 1, "--gamma", 3, "-q")
     assert got == want
     assert got.startswith(">chrB:11-50 evspark ") and "new_tokens=7" in got

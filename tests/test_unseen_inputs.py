@@ -103,7 +103,8 @@ def test_outputs_never_overwrite_an_input_or_each_other(tmp_path, model_dir, fas
     assert "also an input" in one_line_error(r, 2)
     assert fasta.read_text() == before
     same = tmp_path / "o.tsv"
-    r = run_cli(["generate", fasta, "--model", model_dir, "-n", 4, "-o", same, "--stats", same, *FAST])
+    r = run_cli(["generate", fasta, "--model", model_dir, "-n", 4, "-o", same, "--stats", same,
+                 *FAST])
     assert "same file" in one_line_error(r, 2)
     r = run_cli(["score", fasta, "--model", model_dir, "-o", same, "--logits", same, *FAST])
     assert "same file" in one_line_error(r, 2)

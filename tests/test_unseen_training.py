@@ -146,4 +146,5 @@ def test_bench_values_out_of_range(tmp_path, opt):
 
 def test_bench_output_that_is_a_file(tmp_path):
     (tmp_path / "afile").write_text("x")
-    one_line_error(run_cli(["bench", "--model", tmp_path / "none", "-o", tmp_path / "afile", *Q]), 2)
+    one_line_error(run_cli(["bench", "--model", tmp_path / "none", "-o", tmp_path / "afile", *Q]),
+                   2)

@@ -157,7 +157,8 @@ def accept_greedy(target: Tensor, drafts: Tensor) -> Verdict:
         raise ValueError("drafts must be a 1-d integer tensor")
     gamma = drafts.shape[0]
     if target.dim() != 2 or target.shape[0] != gamma + 1:
-        raise ValueError(f"target must have shape [γ+1, V] = [{gamma + 1}, V], got {tuple(target.shape)}")
+        raise ValueError(f"target must have shape [γ+1, V] = [{gamma + 1}, V], "
+                         f"got {tuple(target.shape)}")
     best = argmax_lowest(target)
     n = _leading_true(drafts.to(torch.int64) == best[:gamma])
     return _verdict(n, _row(best, n), gamma)

@@ -8,11 +8,20 @@ batched decoder's round (`batch.py`); this module runs one prompt through it.
 """
 from __future__ import annotations
 
-from .batch import (BatchDecoder, DecodeResult, Job, Prefilled, all_finite, nonfinite_error,
-                    prefill_prompt, run_one, start)
+from ..model.model import StripedHyena
+from .batch import (
+    BatchDecoder,
+    DecodeResult,
+    Job,
+    Prefilled,
+    all_finite,
+    nonfinite_error,
+    prefill_prompt,
+    run_one,
+    start,
+)
 from .drafters.base import RngKey
 from .sampling import SamplerConfig
-from ..model.model import StripedHyena
 
 __all__ = ["DecodeResult", "Prefilled", "all_finite", "check_finite", "decode_native",
            "prefill_prompt", "start"]

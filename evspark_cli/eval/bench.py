@@ -21,14 +21,16 @@ from typing import Any, Callable
 
 import torch
 
+from .. import bundled
 from ..api import bundled_drafter_dir, check_gamma, drafter_name, resolve_drafter
 from ..decode.drafters.base import RngKey
 from ..decode.native import DecodeResult, Prefilled, decode_native, prefill_prompt
 from ..decode.sampling import SamplerConfig
-from ..decode.speculative import decode_speculative
+from ..decode.speculative import ROLLBACKS, decode_speculative
+from ..errors import SettingError, at_least
 from ..io.fasta import Prompt, read_prompts
 from ..model.model import StripedHyena
-from .compare import compare_greedy, default_tie_tolerance
+from .compare import compare_greedy, default_tie_tolerance, side_by_side
 
 GREEDY = SamplerConfig(1.0, 1, 1.0)
 SAMPLED = SamplerConfig(1.0, 4, 1.0)
@@ -58,6 +60,25 @@ class BenchConfig:
     depth_window: int = 1024
     skip: list[str] = field(default_factory=list)  # sections not to run: tvd, gamma, context, depth
 
+    def validate(self) -> BenchConfig:
+        """Refuse values that cannot run, naming the setting (one line, before any work)."""
+        for name in ("n_prompts", "new_tokens", "gamma"):
+            at_least(name, getattr(self, name), 1)
+        if any(g < 1 for g in self.gamma_sweep) or any(c < 1 for c in self.contexts):
+            raise SettingError("{0} and {1} take integers >= 1", "gamma_sweep", "contexts")
+        if any(x < 0 for x in self.seeds) or self.depth_tokens < 0:
+            raise SettingError("{0} and {1} must be >= 0", "seeds", "depth_tokens")
+        if not self.rollback_modes or set(self.rollback_modes) - set(ROLLBACKS):
+            raise SettingError.of("rollback_modes", f"must list slice and/or replay, got "
+                                                    f"{','.join(self.rollback_modes)!r}")
+        bad = set(self.skip) - set(SECTIONS)
+        if bad:
+            raise SettingError.of("skip", f"unknown section(s) {', '.join(sorted(bad))}", ": ")
+        return self
+
+
+SECTIONS = ("tvd", "gamma", "context", "depth")
+"""Sections after the speed table that `skip` can leave out."""
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
@@ -68,13 +89,70 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def default_prompts() -> Path:
+    """The 48-prompt suite `shared/data/prompts.fa` ($EVSPARK_SHARED, else `../shared` from the
+    working folder) when it is there, else the bundled example prompts."""
+    shared = Path(os.environ.get("EVSPARK_SHARED") or Path("..", "shared"))
+    suite = shared / "data" / "prompts.fa"
+    return suite.resolve() if suite.is_file() else bundled.example_prompts()
+
+
+def _ints(text: str, error: SettingError) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise error from None
+
+
+def bench_config(preset: str = "quick", prompts: str | None = None, *,
+                 n_prompts: int | None = None, new_tokens: int | None = None,
+                 gamma: int | None = None, seeds: str | None = None,
+                 context_genome: str | None = None, baselines: str | None = None,
+                 rollbacks: str | None = None, skip: str | None = None,
+                 gammas: str | None = None, contexts: str | None = None,
+                 depth: int | None = None) -> BenchConfig:
+    """A preset with overrides, as `evspark bench` takes them (comma lists as text), checked.
+
+    None keeps the preset's value; `baselines=""` means no baseline drafter.
+    """
+    if preset not in PRESETS:
+        raise SettingError.of("preset", f"must be one of {', '.join(PRESETS)}, got {preset!r}")
+    cfg = BenchConfig(prompts=str(prompts or default_prompts()), preset=preset,
+                      **PRESETS[preset])
+    for name, value in (("n_prompts", n_prompts), ("new_tokens", new_tokens), ("gamma", gamma),
+                        ("depth_tokens", depth)):
+        if value is not None:
+            setattr(cfg, name, value)
+    if seeds:
+        cfg.seeds = _ints(seeds, SettingError.of("seeds", f"must look like 0,1,2, got {seeds!r}"))
+    cfg.context_source = context_genome or ""
+    if baselines is not None:
+        cfg.baselines = [b for b in baselines.split(",") if b]
+    if rollbacks is not None:
+        cfg.rollback_modes = [r for r in rollbacks.split(",") if r]
+    not_ints = SettingError("{0} and {1} take comma-separated integers", "gamma_sweep",
+                            "contexts")
+    if gammas:
+        cfg.gamma_sweep = _ints(gammas, not_ints)
+    if contexts:
+        cfg.contexts = _ints(contexts, not_ints)
+    if skip:
+        cfg.skip = [x for x in skip.split(",") if x]
+    return cfg.validate()
+
+
+def check_output_dir(out: str | Path) -> None:
+    """The results folder may exist, but must not be a file."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise SettingError.of("out_dir", f"{out} is a file, not a folder")
+
+
 def machine_info() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                       cpu)
     except OSError:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -87,11 +165,12 @@ def _ids(p: Prompt) -> list[int]:
     return list(p.seq.encode())
 
 
-def _run_pair(model: StripedHyena, p: Prompt, drafter: Any, cfg: BenchConfig, sampler: SamplerConfig,
-              rollback: str, gamma: int, key: RngKey) -> tuple[DecodeResult, DecodeResult]:
-    nat = decode_native(model, _ids(p), cfg.new_tokens, sampler, key, p.id, track_margins=True)
-    spec = decode_speculative(model, _ids(p), cfg.new_tokens, sampler, drafter, gamma, key, rollback,
-                              p.id)
+def _run_pair(model: StripedHyena, p: Prompt, drafter: Any, new_tokens: int,
+              sampler: SamplerConfig, gamma: int, key: RngKey
+              ) -> tuple[DecodeResult, DecodeResult]:
+    """Native, then speculative decoding of one prompt (slice rollback), side by side."""
+    _, _, nat, spec = next(side_by_side(model, p, new_tokens, sampler, key, {"d": drafter}, gamma,
+                                        track_margins=True))
     return nat, spec
 
 
@@ -103,8 +182,9 @@ def _summ(rows: list[dict]) -> dict[str, Any]:
     rounds = sum(r["rounds"] for r in rows)
     trials = [sum(x) for x in zip(*[r["position_trials"] for r in rows])]
     accepts = [sum(x) for x in zip(*[r["position_accepts"] for r in rows])]
-    return {"pooled_speedup": nat / spec if spec else None, "min_speedup": sp[0], "median_speedup":
-            sp[len(sp) // 2], "max_speedup": sp[-1], "tau": (acc + rounds) / rounds if rounds else None,
+    return {"pooled_speedup": nat / spec if spec else None, "min_speedup": sp[0],
+            "median_speedup": sp[len(sp) // 2], "max_speedup": sp[-1],
+            "tau": (acc + rounds) / rounds if rounds else None,
             "native_s": nat, "spec_s": spec, "draft_s": sum(r["draft_s"] for r in rows),
             "verify_s": sum(r["verify_s"] for r in rows), "rounds": rounds,
             "native_step_s": nat / sum(r["tokens"] for r in rows),
@@ -121,31 +201,30 @@ def speed_and_greedy(model: StripedHyena, prompts: list[Prompt], drafters: dict[
     """
     rows: dict[str, list[dict]] = {}
     first_dspark = next((n for n in drafters if n.startswith("dspark")), None)
-    replay_for = {first_dspark}  # the snapshot-and-replay baseline for the main drafter
     tie_tol = cfg.tie_tolerance
     if tie_tol is None:
         tie_tol = default_tie_tolerance(next(model.parameters()).dtype)
     for mode, sampler in (("greedy", GREEDY), ("sampled", SAMPLED)):
+
+        def rollbacks(name: str, mode: str = mode) -> list[str]:
+            # the snapshot-and-replay baseline for the main drafter, on sampled runs
+            sampled_main = mode == "sampled" and name == first_dspark
+            return cfg.rollback_modes if sampled_main else cfg.rollback_modes[:1]
+
         for i, p in enumerate(prompts):
             for r in range(cfg.repeats):
-                key = RngKey(0, i, r)
-                nat = decode_native(model, _ids(p), cfg.new_tokens, sampler, key, p.id,
-                                    track_margins=mode == "greedy")
-                for dname, d in drafters.items():
-                    rbs = cfg.rollback_modes if mode == "sampled" and dname in replay_for \
-                        else cfg.rollback_modes[:1]
-                    for rb in rbs:
-                        spec = decode_speculative(model, _ids(p), cfg.new_tokens, sampler, d,
-                                                  cfg.gamma, key, rb, p.id)
-                        row = {"prompt": p.id, "repeat": r, "tokens": len(nat.tokens),
-                               "native_s": nat.wall_s, "spec_s": spec.wall_s,
-                               "rounds": spec.rounds, "accepted": sum(spec.accepted),
-                               "draft_s": spec.draft_s, "verify_s": spec.verify_s,
-                               "position_trials": spec.position_trials,
-                               "position_accepts": spec.position_accepts, "tau": spec.tau}
-                        if mode == "greedy":
-                            row["greedy"] = compare_greedy(p.id, nat, spec, tie_tol)
-                        rows.setdefault(f"{dname}/{mode}/{rb}", []).append(row)
+                for dname, rb, nat, spec in side_by_side(
+                        model, p, cfg.new_tokens, sampler, RngKey(0, i, r), drafters, cfg.gamma,
+                        rollbacks, track_margins=mode == "greedy"):
+                    row = {"prompt": p.id, "repeat": r, "tokens": len(nat.tokens),
+                           "native_s": nat.wall_s, "spec_s": spec.wall_s,
+                           "rounds": spec.rounds, "accepted": sum(spec.accepted),
+                           "draft_s": spec.draft_s, "verify_s": spec.verify_s,
+                           "position_trials": spec.position_trials,
+                           "position_accepts": spec.position_accepts, "tau": spec.tau}
+                    if mode == "greedy":
+                        row["greedy"] = compare_greedy(p.id, nat, spec, tie_tol)
+                    rows.setdefault(f"{dname}/{mode}/{rb}", []).append(row)
             log(f"speed {mode} {p.id}: " + ", ".join(
                 f"{n.split('/')[0]}/{n.split('/')[2]} {v[-1]['native_s'] / v[-1]['spec_s']:.2f}x"
                 for n, v in rows.items() if f"/{mode}/" in n))
@@ -219,7 +298,7 @@ def gamma_sweep(model: StripedHyena, prompts: list[Prompt], drafter: Any, cfg: B
     for g in cfg.gamma_sweep:
         rows = []
         for i, p in enumerate(prompts[: cfg.gamma_sweep_prompts]):
-            nat, spec = _run_pair(model, p, drafter, cfg, SAMPLED, "slice", g, RngKey(4, i, 0))
+            nat, spec = _run_pair(model, p, drafter, cfg.new_tokens, SAMPLED, g, RngKey(4, i, 0))
             rows.append({"native_s": nat.wall_s, "spec_s": spec.wall_s, "rounds": spec.rounds,
                          "accepted": sum(spec.accepted)})
         nat_s = sum(r["native_s"] for r in rows)
@@ -273,7 +352,8 @@ def context_sweep(model: StripedHyena, drafter: Any, cfg: BenchConfig,
         except (MemoryError, RuntimeError) as e:
             if not _out_of_memory(e):
                 raise
-            out.append({"context": L, "skipped": f"out of memory: {(str(e).splitlines() or [type(e).__name__])[0][:200]}"})
+            why = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            out.append({"context": L, "skipped": f"out of memory: {why}"})
             log(f"context {L}: {out[-1]['skipped']}")
             continue
         row = {"context": L, "prefill_s": pf.seconds, "prefill_tok_s": L / pf.seconds,
@@ -295,8 +375,8 @@ def depth_sweep(model: StripedHyena, prompt: Prompt, drafter: Any, cfg: BenchCon
     """One long generation natively and speculatively; tau and speedup per window of tokens."""
     if cfg.depth_tokens <= 0:
         return {}
-    c2 = BenchConfig(**{**asdict(cfg), "new_tokens": cfg.depth_tokens})
-    nat, spec = _run_pair(model, prompt, drafter, c2, SAMPLED, "slice", cfg.gamma, RngKey(6, 0, 0))
+    nat, spec = _run_pair(model, prompt, drafter, cfg.depth_tokens, SAMPLED, cfg.gamma,
+                          RngKey(6, 0, 0))
     windows = []
     edges = list(range(cfg.depth_window, cfg.depth_tokens, cfg.depth_window)) + [cfg.depth_tokens]
     start = 0
@@ -357,7 +437,8 @@ def run_bench(model: StripedHyena, cfg: BenchConfig, out_dir: str | Path, comman
     out.mkdir(parents=True, exist_ok=True)
     prompts = read_prompts([cfg.prompts])[: cfg.n_prompts]
     drafters = drafters or bench_drafters(model, cfg)
-    main = next((d for n, d in drafters.items() if n.startswith("dspark")), next(iter(drafters.values())))
+    main = next((d for n, d in drafters.items() if n.startswith("dspark")),
+                next(iter(drafters.values())))
     t0 = time.time()
     res: dict[str, Any] = {"command": command, "config": asdict(cfg), "machine": machine_info(),
                            "model": model.config.model_name, "parameters": model.num_parameters(),
@@ -365,7 +446,8 @@ def run_bench(model: StripedHyena, cfg: BenchConfig, out_dir: str | Path, comman
                            "drafters": list(drafters)}
     res["speed"] = speed_and_greedy(model, prompts, drafters, cfg, log)
     skip = set(cfg.skip)
-    res["sampled_losslessness"] = {} if "tvd" in skip else sampled_losslessness(model, prompts, main, cfg, log)
+    res["sampled_losslessness"] = ({} if "tvd" in skip
+                                   else sampled_losslessness(model, prompts, main, cfg, log))
     res["gamma_sweep"] = [] if "gamma" in skip else gamma_sweep(model, prompts, main, cfg, log)
     res["context_sweep"] = [] if "context" in skip else context_sweep(model, main, cfg, log)
     res["depth_sweep"] = {} if "depth" in skip else depth_sweep(model, prompts[0], main, cfg, log)

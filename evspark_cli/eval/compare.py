@@ -1,11 +1,21 @@
-"""Greedy losslessness check: native vs speculative, token by token, ties classified."""
+"""Native vs speculative decoding side by side, and the greedy token-by-token comparison.
+
+`side_by_side` is the one loop that runs both decoders on a prompt: `evspark verify`, every
+speed section of `evspark bench` and its sweeps go through it, so they all compare the same way.
+"""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ..decode.native import DecodeResult
+from ..decode.drafters.base import Drafter, RngKey
+from ..decode.native import DecodeResult, decode_native
+from ..decode.sampling import SamplerConfig
+from ..decode.speculative import decode_speculative
+from ..io.fasta import Prompt
+from ..model.model import StripedHyena
 
 
 def default_tie_tolerance(dtype: torch.dtype) -> float:
@@ -13,6 +23,27 @@ def default_tie_tolerance(dtype: torch.dtype) -> float:
     a block is ~1e-5; bf16 keeps 8 bits of mantissa, so logits near 10 are 0.03-0.06 apart and
     a step and a block, rounded differently through every layer, can differ by ~0.1."""
     return 1e-3 if dtype == torch.float32 else 0.1
+
+
+def side_by_side(model: StripedHyena, prompt: Prompt, new_tokens: int, sampler: SamplerConfig,
+                 key: RngKey, drafters: Mapping[str, Drafter], gamma: int,
+                 rollbacks: Callable[[str], Sequence[str]] = lambda name: ("slice",),
+                 track_margins: bool = False
+                 ) -> Iterator[tuple[str, str, DecodeResult, DecodeResult]]:
+    """Decode `prompt` natively once, then with each drafter (and each of its rollbacks) right
+    after it, from the same random key: yields (drafter name, rollback, native, speculative).
+
+    Each speculative run is compared with the native run of the same prompt measured moments
+    before it, warm, in the same process: a speedup is always a ratio measured side by side.
+    """
+    ids = list(prompt.seq.encode())
+    nat = decode_native(model, ids, new_tokens, sampler, key, prompt.id,
+                        track_margins=track_margins)
+    for name, d in drafters.items():
+        for rb in rollbacks(name):
+            spec = decode_speculative(model, ids, new_tokens, sampler, d, gamma, key, rb,
+                                      prompt.id)
+            yield name, rb, nat, spec
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

@@ -35,7 +35,8 @@ def write_report(res: dict[str, Any], out: Path) -> Path:
     m = res["machine"]
     L = [f"# EvSpark benchmark — {res['model']} ({res['parameters']:,} parameters)", "",
          f"Date: {res['date']}. Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} "
-         f"({m['torch_threads']} threads), CUDA: {m['cuda'] or 'none'}. Wall time {res['wall_s']:.0f} s.",
+         f"({m['torch_threads']} threads), CUDA: {m['cuda'] or 'none'}. "
+         f"Wall time {res['wall_s']:.0f} s.",
          "", f"Command: `{res['command']}`", "",
          f"Preset `{res['config']['preset']}`: {res['config']['n_prompts']} prompts x "
          f"{res['config']['new_tokens']} new tokens, gamma {res['config']['gamma']}; native and "
@@ -52,8 +53,8 @@ def write_report(res: dict[str, Any], out: Path) -> Path:
         s = sl["summary"]
         L += ["", "## Sampled losslessness (T=1, top-k 4)", "",
               f"{len(sl['rows'])} prompts x {sl['samples_per_set']} samples x "
-              f"{sl['tokens_per_sample']} tokens per set. TVD/KL of speculative vs native A, and of "
-              "native B vs native A (the noise floor at matched N).", "",
+              f"{sl['tokens_per_sample']} tokens per set. TVD/KL of speculative vs native A, "
+              "and of native B vs native A (the noise floor at matched N).", "",
               "| statistic | speculative vs native | native vs native (floor) |", "|---|---|---|"]
         for k in (1, 3):
             L.append(f"| {k}-mer TVD | {_f(s[f'tvd{k}_spec'], 4)} | {_f(s[f'tvd{k}_floor'], 4)} |")
@@ -63,23 +64,27 @@ def write_report(res: dict[str, Any], out: Path) -> Path:
             f"{r['prompt']} {r['tvd3_spec']:.3f} vs {r['tvd3_floor']:.3f} (complexity "
             f"{r['complexity']:.2f})" for r in worst)]
     if res.get("gamma_sweep"):
-        L += ["", "## Gamma sweep (sampled)", "", "| gamma | pooled speedup | tau |", "|---|---|---|"]
-        L += [f"| {r['gamma']} | {_f(r['pooled_speedup'])}x | {_f(r['tau'])} |" for r in res["gamma_sweep"]]
+        L += ["", "## Gamma sweep (sampled)", "", "| gamma | pooled speedup | tau |",
+              "|---|---|---|"]
+        L += [f"| {r['gamma']} | {_f(r['pooled_speedup'])}x | {_f(r['tau'])} |"
+              for r in res["gamma_sweep"]]
     if res.get("context_sweep"):
         L += ["", "## Context sweep (prompt cut from a whole genome)", "",
-              "Each prompt is prefilled once; native and speculative decoding then start from copies "
-              "of that state, so the decode speedup is decoding alone. Peak RSS is the process's "
-              "peak so far (contexts run in increasing order).", "",
+              "Each prompt is prefilled once; native and speculative decoding then start from "
+              "copies of that state, so the decode speedup is decoding alone. Peak RSS is the "
+              "process's peak so far (contexts run in increasing order).", "",
               "| context | prefill s | prefill tok/s | peak RSS MiB | state MiB | native tok/s | "
-              "decode speedup | end-to-end speedup | tau |", "|---|---|---|---|---|---|---|---|---|"]
+              "decode speedup | end-to-end speedup | tau |",
+              "|---|---|---|---|---|---|---|---|---|"]
         for r in res["context_sweep"]:
             if "skipped" in r:
                 L.append(f"| {r['context']} | skipped: {r['skipped']} | | | | | | | |")
             else:
-                L.append(f"| {r['context']} | {_f(r['prefill_s'], 1)} | {_f(r.get('prefill_tok_s'), 0)} | "
-                         f"{_f(r.get('peak_rss_mib'), 0)} | {_f(r.get('state_mib'), 1)} | "
-                         f"{_f(r.get('native_tok_s'), 0)} | {_f(r['decode_speedup'])}x | "
-                         f"{_f(r['end_to_end_speedup'])}x | {_f(r['tau'])} |")
+                L.append(f"| {r['context']} | {_f(r['prefill_s'], 1)} | "
+                         f"{_f(r.get('prefill_tok_s'), 0)} | {_f(r.get('peak_rss_mib'), 0)} | "
+                         f"{_f(r.get('state_mib'), 1)} | {_f(r.get('native_tok_s'), 0)} | "
+                         f"{_f(r['decode_speedup'])}x | {_f(r['end_to_end_speedup'])}x | "
+                         f"{_f(r['tau'])} |")
     if res.get("depth_sweep"):
         d = res["depth_sweep"]
         L += ["", f"## Depth sweep: {d['tokens']} tokens, speedup {_f(d['speedup'])}x, "
@@ -114,7 +119,8 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
     for name, v in res["speed"].items():
         if "/sampled/slice" in name:
             ca = v["summary"]["conditional_acceptance"]
-            ax.plot(range(1, len(ca) + 1), [x or 0 for x in ca], marker="o", label=name.split("/")[0])
+            ax.plot(range(1, len(ca) + 1), [x or 0 for x in ca], marker="o",
+                    label=name.split("/")[0])
     ax.set_xlabel("draft position")
     ax.set_ylabel("conditional acceptance")
     ax.legend(fontsize=7)
@@ -122,7 +128,8 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
     if res.get("gamma_sweep"):
         fig, ax = plt.subplots(figsize=(5, 3.5))
         g = res["gamma_sweep"]
-        ax.plot([r["gamma"] for r in g], [r["pooled_speedup"] for r in g], marker="o", label="speedup")
+        ax.plot([r["gamma"] for r in g], [r["pooled_speedup"] for r in g], marker="o",
+                label="speedup")
         ax.plot([r["gamma"] for r in g], [r["tau"] for r in g], marker="s", label="tau")
         ax.set_xlabel("gamma")
         ax.legend()
@@ -145,7 +152,8 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
     if depth.get("windows"):
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ends = [w["end_token"] for w in depth["windows"]]
-        ax.plot(ends, [w.get("speedup") or 0 for w in depth["windows"]], marker=".", label="speedup")
+        ax.plot(ends, [w.get("speedup") or 0 for w in depth["windows"]], marker=".",
+                label="speedup")
         ax.plot(ends, [w["tau"] or 0 for w in depth["windows"]], marker=".", label="tau")
         ax.set_xlabel("generated tokens (window end)")
         ax.legend(fontsize=7)

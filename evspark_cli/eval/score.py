@@ -1,13 +1,49 @@
-"""Teacher-forced scoring: bits per nucleotide with a guaranteed amount of context."""
+"""Teacher-forced scoring: bits per nucleotide with a guaranteed amount of context.
+
+Scoring and validation during training (train/pretrain.py) both come here; this module needs
+nothing from training, so the packages do not import each other in a loop.
+"""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import SettingError
 from ..model.model import StripedHyena
-from ..train.corpus import iter_eval_windows
+
+SCORE_COLUMNS = ("record_id", "length", "bits_per_nt")
+"""Columns of `evspark score` (TSV or JSONL)."""
+
+
+def check_score_windows(context: int, window: int) -> None:
+    """Each scored base sees `context` earlier bases; `window` bases are scored per pass."""
+    if context < 1 or window < 1:
+        raise SettingError("{0} and {1} must be >= 1", "context", "window")
+
+
+def iter_eval_windows(seq: np.ndarray | Tensor, window: int, context: int
+                      ) -> Iterator[tuple[Tensor, int]]:
+    """Tile a sequence of token ids for scoring: yields ``(ids, n_scored_from)``, ids int64 1-D.
+
+    Position p (a target, predicted from tokens < p) is scored where ``j >= n_scored_from`` for
+    ``ids[j]``. Every position 1..len-1 is scored exactly once (position 0 has no context); the
+    first scored position of a chunk sees min(context, p) preceding tokens, later ones more.
+    Chunks are at most ``context + window`` long and their scored spans step by ``window``.
+    """
+    if window < 1 or context < 1:
+        # context >= 1: a causal LM predicts ids[j] from the logits at j - 1, so the first scored
+        # token of a chunk needs at least its predecessor inside the chunk
+        raise ValueError("window and context must be >= 1")
+    ids = torch.as_tensor(seq if isinstance(seq, Tensor) else np.asarray(seq)).long()
+    n = int(ids.shape[-1])
+    for first in range(1, n, window):
+        stop = min(first + window, n)
+        begin = max(0, first - context)
+        yield ids[begin:stop].clone(), first - begin
 
 
 @torch.inference_mode()

@@ -85,10 +85,11 @@ def measure_throughput(model: StripedHyena, prompts: list[Prompt], drafter: Draf
         changed = None
         if single is not None and b > 1:
             changed = sum(1 for j, t in outputs[name].items() if single.get(j) != t)
+        secs, (committed, n_rounds) = seconds[name], rounds[name]
         rows[name] = {"decoder": name.split("/")[0], "batch_size": b, "tokens": tokens[name],
-                      "seconds": round(seconds[name], 3),
-                      "tokens_per_s": round(tokens[name] / seconds[name], 1) if seconds[name] else None,
-                      "tau": round(rounds[name][0] / rounds[name][1], 3) if rounds[name][1] else None,
+                      "seconds": round(secs, 3),
+                      "tokens_per_s": round(tokens[name] / secs, 1) if secs else None,
+                      "tau": round(committed / n_rounds, 3) if n_rounds else None,
                       "jobs_changed_vs_batch_1": changed, "failed": failed[name]}
     return {"config": cfg.__dict__ | {"jobs": len(jobs), "sampler": sampler.__dict__},
             "modes": rows, "summary": _summary(rows)}

@@ -1,7 +1,7 @@
 """Prompts from FASTA: plain, gzip, BGZF or stdin, whole records or samtools-style regions.
 
 Every problem with the user's input becomes one `InputError` line that names the file, the record
-and the position, because the CLI prints exactly that line and exits 2 (see design/cli.md).
+and the position, because the CLI prints exactly that line and exits 2 (the CLI contract in docs/).
 Nothing here writes next to the user's files: pyfaidx indexes go to a per-user cache directory
 (or `index_dir`) unless a fresh index already sits next to the FASTA file.
 """
@@ -25,13 +25,16 @@ from typing import IO, Any, Protocol
 
 from Bio.SeqIO.FastaIO import SimpleFastaParser
 
-from evspark_cli.errors import InputError
+from ..alphabet import IUPAC as _IUPAC_LETTERS
+from ..errors import InputError
+from .shard import parse_shard, select_shard
 
-__all__ = ["IUPAC", "Prompt", "read_prompts", "parse_region", "Region", "default_index_dir"]
+__all__ = ["IUPAC", "Prompt", "read_prompts", "iter_records", "parse_region", "Region",
+           "default_index_dir"]
 
-#: IUPAC nucleotide codes (any case on input). Gaps ('-', '.') and stop ('*') are rejected: a
-#: language-model prompt is a sequence, not an alignment row or a protein.
-IUPAC: frozenset[str] = frozenset("ACGTUNRYSWKMBDHV")
+#: IUPAC nucleotide codes (any case on input; alphabet.py). Gaps ('-', '.') and stop ('*') are
+#: rejected: a language-model prompt is a sequence, not an alignment row or a protein.
+IUPAC: frozenset[str] = frozenset(_IUPAC_LETTERS)
 
 _INVALID = re.compile("[^" + "".join(sorted(IUPAC | {c.lower() for c in IUPAC})) + "]")
 _WHITESPACE = str.maketrans("", "", " \t\r\n\v\f")
@@ -135,7 +138,8 @@ def _sniff(head: bytes, path: str) -> str:
         return "gzip"
     for magic, name in _OTHER_COMPRESSION.items():
         if head.startswith(magic):
-            raise _fail(f"{path}: {name}-compressed input is not supported (use plain, gzip or bgzip)")
+            raise _fail(f"{path}: {name}-compressed input is not supported "
+                        "(use plain, gzip or bgzip)")
     return "plain"
 
 
@@ -185,7 +189,8 @@ class _LineCheck:
             for line in self.stream:
                 self.lineno += 1
                 if "\x00" in line:
-                    raise _fail(f"{path}: NUL byte at line {self.lineno} (binary file, not FASTA text)")
+                    raise _fail(f"{path}: NUL byte at line {self.lineno} "
+                                "(binary file, not FASTA text)")
                 if not self.started:
                     if not line.strip():
                         continue
@@ -204,11 +209,16 @@ class _LineCheck:
                 "binary or non-FASTA file"
             ) from e
         except (EOFError, zlib.error) as e:
-            raise _fail(f"{path}: truncated or corrupt gzip data near line {self.lineno + 1} ({e})") from e
+            raise self._corrupt_gzip(e) from e
         except OSError as e:
             if self.compressed or isinstance(e, gzip.BadGzipFile):
-                raise _fail(f"{path}: truncated or corrupt gzip data near line {self.lineno + 1} ({e})") from e
-            raise _fail(f"{path}: read error near line {self.lineno + 1} ({e.strerror or e})") from e
+                raise self._corrupt_gzip(e) from e
+            raise _fail(f"{path}: read error near line {self.lineno + 1} "
+                        f"({e.strerror or e})") from e
+
+    def _corrupt_gzip(self, e: BaseException) -> InputError:
+        return _fail(f"{self.path}: truncated or corrupt gzip data near line {self.lineno + 1} "
+                     f"({e})")
 
 
 def _iter_records(path: str) -> Iterator[tuple[str, str, str]]:
@@ -325,7 +335,8 @@ class _MemorySource:
 
 
 class _IndexedSource:
-    """pyfaidx over a plain or BGZF file; falls back to memory if the file disagrees with the index."""
+    """pyfaidx over a plain or BGZF file; falls back to memory if the file disagrees with the
+    index."""
 
     def __init__(self, path: str, faidx: Any, wanted: set[str]) -> None:
         self.path = path
@@ -417,7 +428,8 @@ def _fresh(index: str, st: os.stat_result) -> bool:
 
 
 def _fingerprint(real: str, st: os.stat_result) -> str:
-    """Cache key: path, size, mtime, inode and the first/last 64 KiB (catches same-size rewrites)."""
+    """Cache key: path, size, mtime, inode and the first/last 64 KiB (catches same-size
+    rewrites)."""
     h = hashlib.sha256(f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0".encode())
     with open(real, "rb") as f:
         h.update(f.read(_FINGERPRINT_BYTES))
@@ -509,7 +521,8 @@ def _read_regions(
     texts = list(regions)
     for t in texts:
         if not isinstance(t, str) or not t or any(c.isspace() for c in t):
-            raise _fail(f"malformed region {t!r}: expected ID, ID:START-END or ID:START (no spaces)")
+            raise _fail(f"malformed region {t!r}: expected ID, ID:START-END or ID:START "
+                        "(no spaces)")
     wanted: set[str] = set(texts)
     for t in texts:
         m = _REGION.match(t)
@@ -530,7 +543,8 @@ def _read_regions(
             region = Region(text, text, None, None) if text in owner else parse_region(text)
             src = owner.get(region.name)
             if src is None:
-                shown = ", ".join(inputs[:3]) + (f" (+{len(inputs) - 3} more)" if len(inputs) > 3 else "")
+                more = f" (+{len(inputs) - 3} more)" if len(inputs) > 3 else ""
+                shown = ", ".join(inputs[:3]) + more
                 raise _fail(f"region {text!r}: no record {region.name!r} in {shown}")
             length = src.length(region.name)
             if length == 0:
@@ -551,7 +565,9 @@ def _read_regions(
             if rid in given:
                 raise _fail(f"region {rid!r} is given more than once")
             given.add(rid)
-            what = f"record {region.name!r} in {src.path}" + ("" if rid == region.name else f" (region {rid})")
+            what = f"record {region.name!r} in {src.path}"
+            if rid != region.name:
+                what += f" (region {rid})"
             seq = _clean(src.fetch(region.name, start, end), what, offset=start - 1)
             if not seq:  # e.g. a record of blank lines that an index counted as bases
                 raise _fail(f"{what} is empty (no sequence)")
@@ -559,7 +575,18 @@ def _read_regions(
         return prompts
 
 
-# --------------------------------------------------------------------------- entry point
+# --------------------------------------------------------------------------- entry points
+
+
+def iter_records(path: str | os.PathLike[str]) -> Iterator[Prompt]:
+    """Every record of one FASTA input (plain, gzip, BGZF or '-'), validated and upper-cased,
+    one at a time: a reader of whole genomes (training) holds one record's text at a time.
+
+    Empty records are yielded (with an empty sequence); `read_prompts` refuses them.
+    """
+    path = os.fspath(path)
+    for rid, desc, seq in _iter_records(path):
+        yield Prompt(rid, desc, _clean(seq, f"record {rid!r} in {path}"), path)
 
 
 def read_prompts(
@@ -567,26 +594,28 @@ def read_prompts(
     regions: list[str] | None = None,
     prompt_tail: int | None = None,
     index_dir: str | None = None,
+    shard: str | tuple[int, int] | None = None,
 ) -> list[Prompt]:
     """Read, validate and upper-case every record of every input (or only `regions`).
 
     Without regions, records come in input order; with regions, only the regions, in the order
     given, with id `ID:START-END` (or `ID` for a whole record) and an empty description.
-    `prompt_tail` keeps the last N bases. Raises InputError with a one-line message.
+    `prompt_tail` keeps the last N bases; `shard` ("I/N") keeps every N-th prompt from the I-th
+    (io/shard.py). Raises InputError with a one-line message.
     """
     tail = _check_tail(prompt_tail)
+    shard_t = parse_shard(shard) if shard is not None else None
     inputs = [os.fspath(p) for p in inputs]  # Path objects are fine too
     _check_inputs(inputs)
     if regions:
-        return _read_regions(inputs, list(regions), tail, None if index_dir is None else os.fspath(index_dir))
+        index = None if index_dir is None else os.fspath(index_dir)
+        return select_shard(_read_regions(inputs, list(regions), tail, index), shard_t)
     prompts: list[Prompt] = []
     seen: dict[str, str] = {}
     for path in inputs:
-        for rid, desc, seq in _iter_records(path):
-            what = f"record {rid!r} in {path}"
-            if not seq:
-                raise _fail(f"{what} is empty (no sequence)")
-            _record_dup(rid, path, seen)
-            prompts.append(Prompt(rid, desc, _tail(_clean(seq, what), tail), path))
-    return prompts
-
+        for p in iter_records(path):
+            if not p.seq:
+                raise _fail(f"record {p.id!r} in {path} is empty (no sequence)")
+            _record_dup(p.id, path, seen)
+            prompts.append(Prompt(p.id, p.description, _tail(p.seq, tail), path))
+    return select_shard(prompts, shard_t)

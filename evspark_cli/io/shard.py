@@ -20,22 +20,26 @@ T = TypeVar("T")
 _SHARD = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*")
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """Parse "I/N" with 1 <= I <= N (1-based, like the shard names users see)."""
-    m = _SHARD.fullmatch(text) if isinstance(text, str) else None
-    if m is None:
-        raise InputError(f"--shard must look like I/N (e.g. 1/4), got {text!r}")
-    i, n = int(m.group(1)), int(m.group(2))
+def parse_shard(spec: str | tuple[int, int]) -> tuple[int, int]:
+    """`--shard`: "I/N" (or an (I, N) pair) with 1 <= I <= N (1-based, like the shard names
+    users see), checked."""
+    if isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(x, int) for x in spec):
+        i, n = spec
+        text = f"{i}/{n}"
+    else:
+        m = _SHARD.fullmatch(spec) if isinstance(spec, str) else None
+        if m is None:
+            raise InputError(f"--shard must look like I/N (e.g. 1/4), got {spec!r}")
+        i, n, text = int(m.group(1)), int(m.group(2)), spec
     if n < 1 or not 1 <= i <= n:
         raise InputError(f"--shard {text}: need 1 <= I <= N (shards are numbered from 1)")
     return i, n
 
 
 def select_shard(items: Sequence[T], shard: tuple[int, int] | None) -> list[T]:
-    """The items of shard (I, N): index i goes to shard (i mod N) + 1; None keeps everything."""
+    """The items of a shard (I, N) from `parse_shard`: index i goes to shard (i mod N) + 1;
+    None keeps everything."""
     if shard is None:
         return list(items)
     i, n = shard
-    if n < 1 or not 1 <= i <= n:
-        raise InputError(f"shard {i}/{n}: need 1 <= I <= N")
     return list(items[i - 1 :: n])

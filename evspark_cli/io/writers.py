@@ -17,14 +17,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from evspark_cli.errors import InputError, RunError
+from ..errors import InputError, RunError, SettingError
 
 try:  # POSIX: refuse two processes appending to the same partial file
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["check_output_path", "FastaOutput", "StatsOutput", "PARTIAL_SUFFIX"]
+__all__ = ["check_output_path", "check_distinct_outputs", "fasta_letters", "write_text_atomic",
+           "FastaOutput", "StatsOutput", "PARTIAL_SUFFIX"]
 
 PARTIAL_SUFFIX = ".partial"
 _T = TypeVar("_T", bound="_PartialOutput")
@@ -63,6 +64,37 @@ def check_output_path(path: str | None) -> None:
         raise InputError(f"{path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{path}: output directory {parent} is not writable")
+
+
+def check_distinct_outputs(inputs: Sequence[str] | None,
+                           outputs: Sequence[tuple[str, str | None]]) -> None:
+    """Outputs (option, path) must not be an input (it would be overwritten) nor each other."""
+    seen: dict[str, str] = {}
+    ins = {os.path.realpath(p) for p in (inputs or []) if p != "-" and os.path.exists(p)}
+    for opt, path in outputs:
+        if _is_stdout(path):
+            continue
+        assert path is not None
+        k = os.path.realpath(path)
+        if k in ins:
+            raise InputError(f"{opt} {path} is also an input; it would be overwritten")
+        if k in seen:
+            raise InputError(f"{opt} and {seen[k]} name the same file {path}")
+        seen[k] = opt
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """A small output (a JSON report) written whole or not at all."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def fasta_letters(text: str) -> str:
+    """Generated tokens as FASTA letters: anything that is not a letter (a model can emit any of
+    its 512 ids) is written as N, so the output always parses."""
+    return "".join(c if ("A" <= c <= "Z" or "a" <= c <= "z") else "N" for c in text)
 
 
 class _PartialOutput:
@@ -122,7 +154,8 @@ class _PartialOutput:
         try:
             self._fd = os.open(self.partial, flags, 0o666)
         except FileExistsError:
-            raise InputError(f"{self.partial} appeared while starting (another run?); delete it") from None
+            raise InputError(f"{self.partial} appeared while starting (another run?); "
+                             "delete it") from None
         except OSError as e:
             raise InputError(f"{self.partial}: cannot create ({e.strerror or e})") from None
         self._lock()
@@ -153,13 +186,15 @@ class _PartialOutput:
                 os.fsync(self._fd)
         except OSError as e:
             self.close()
-            raise InputError(f"{self.partial}: cannot truncate its incomplete tail ({e.strerror or e})") from None
+            raise InputError(f"{self.partial}: cannot truncate its incomplete tail "
+                             f"({e.strerror or e})") from None
         self.done_ids.update(ids)
         if keep == 0 and self._preamble():
             self._write_bytes(self._preamble().encode("utf-8"))
 
     def _write_bytes(self, data: bytes) -> None:
-        """One record = one write (looping only on short writes) + fsync, so a crash rarely tears it."""
+        """One record = one write (looping only on short writes) + fsync, so a crash rarely
+        tears it."""
         assert self._fd is not None
         view = memoryview(data)
         try:
@@ -197,7 +232,8 @@ class _PartialOutput:
             os.fsync(self._fd)
             os.replace(self.partial, self.path)
         except OSError as e:
-            raise RunError(f"{self.path}: cannot move {self.partial} into place ({e.strerror or e})") from None
+            raise RunError(f"{self.path}: cannot move {self.partial} into place "
+                           f"({e.strerror or e})") from None
         finally:
             self.close()
         self._finished = True
@@ -245,7 +281,8 @@ class FastaOutput(_PartialOutput):
 
     def __init__(self, path: str | None, line_width: int = 60, resume: bool = False) -> None:
         if isinstance(line_width, bool) or not isinstance(line_width, int) or line_width < 0:
-            raise InputError(f"--line-width must be an integer >= 0 (0 = no wrapping), got {line_width!r}")
+            raise InputError("--line-width must be an integer >= 0 (0 = no wrapping), "
+                             f"got {line_width!r}")
         self.line_width = line_width
         self.done_descriptions: dict[str, str] = {}  # header text after the id, per resumed record
         super().__init__(path, resume)
@@ -257,13 +294,28 @@ class FastaOutput(_PartialOutput):
         if "\n" in description or "\r" in description:
             raise ValueError("description must be a single line")
         if _SEQ_OK_STR.fullmatch(seq) is None:
-            raise ValueError(f"record {record_id!r}: sequence must be letters only (no whitespace or '>')")
+            raise ValueError(f"record {record_id!r}: sequence must be letters only "
+                             "(no whitespace or '>')")
         if record_id in self.done_ids:
             raise ValueError(f"record {record_id!r} was already written")
         header = f">{record_id} {description}" if description else f">{record_id}"
         w = self.line_width or max(len(seq), 1)
         body = "".join(seq[i : i + w] + "\n" for i in range(0, len(seq), w))
         self._emit(header + "\n" + body, record_id)
+
+    def check_resumed(self, want: Mapping[str, str]) -> None:
+        """Refuse to --resume a FASTA whose finished records were made with other settings (their
+        headers record them as `evspark key=value ...`): the final file would mix two runs."""
+        for rid, desc in self.done_descriptions.items():
+            words = desc.split()
+            if not words or words[0] != "evspark":  # not a header this tool wrote
+                continue
+            got = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+            for key, value in want.items():
+                if key in got and got[key] != value:
+                    raise InputError(f"--resume: {self.partial} has record '{rid}' made with "
+                                     f"{key}={got[key]}, this run has {key}={value}; rerun with "
+                                     "the same options or delete the .partial")
 
     def _scan(self, data: bytes) -> tuple[int, list[str]]:
         lines = _split_lines(data)
@@ -285,7 +337,8 @@ class FastaOutput(_PartialOutput):
             self.done_descriptions[rid] = header[1] if len(header) > 1 else ""
         return len(data), ids
 
-    def _check_record(self, data: bytes, rec: list[tuple[int, int, bool]]) -> tuple[str | None, str]:
+    def _check_record(self, data: bytes, rec: list[tuple[int, int, bool]]
+                      ) -> tuple[str | None, str]:
         """None if `rec` (header + sequence lines) is a complete record as `write` makes them."""
         if not all(nl for _a, _b, nl in rec):
             return "it ends in the middle of a line", ""
@@ -303,7 +356,8 @@ class FastaOutput(_PartialOutput):
         lens = [b - a for a, b, _nl in seq_lines]
         if self.line_width == 0:
             if len(lens) > 1:
-                return f"record {rid!r} is wrapped but --line-width is 0 (different --line-width?)", rid
+                return (f"record {rid!r} is wrapped but --line-width is 0 "
+                        "(different --line-width?)", rid)
         elif lens and (any(n != self.line_width for n in lens[:-1]) or lens[-1] > self.line_width):
             return f"record {rid!r} has lines of another width (different --line-width?)", rid
         return None, rid
@@ -372,7 +426,7 @@ class StatsOutput(_PartialOutput):
             assert path is not None
             ext = os.path.splitext(path)[1].lower()
             if ext not in (".tsv", ".jsonl"):
-                raise InputError(f"{path}: stats file must end in .tsv or .jsonl")
+                raise SettingError.of("stats", f"{path}: use a .tsv or .jsonl file name")
             self.format = ext[1:]
         super().__init__(path, resume)
         if self.path is None:

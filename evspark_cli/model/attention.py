@@ -57,7 +57,8 @@ class RotaryEmbedding(nn.Module):
                 rows = 1
             else:
                 _, pos = positions_index(t0, k, cos.device)
-                cos, sin = cos.index_select(0, pos.reshape(-1)), sin.index_select(0, pos.reshape(-1))
+                flat = pos.reshape(-1)
+                cos, sin = cos.index_select(0, flat), sin.index_select(0, flat)
                 rows = B
         shape = (rows, k) + (1,) * (x.dim() - 3) + (cos.shape[-1],)
         cos, sin = cos.to(x.dtype).view(shape), sin.to(x.dtype).view(shape)

@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from ..bundled import default_model_dir
 from ..errors import InputError, ModelError
 from .config import ModelConfig
 from .layers import input_major
@@ -26,24 +27,6 @@ from .model import StripedHyena
 FP32_KEEP = ("filter.log_poles", "filter.residues", "rotary_emb.inv_freq")
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
-
-
-def repo_models_dir() -> Path:
-    """Where bundled models live: $EVSPARK_MODELS, else `models/` beside the package."""
-    env = os.environ.get("EVSPARK_MODELS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "models"
-
-
-def default_model_dir() -> Path:
-    """The bundled target: the folder named in models/DEFAULT, else the only target there."""
-    root = repo_models_dir()
-    marker = root / "DEFAULT"
-    if marker.is_file():
-        return root / marker.read_text().strip()
-    cands = sorted(p.parent for p in root.glob(f"*/{WEIGHTS}"))
-    if not cands:
-        raise ModelError(f"no bundled model found in {root}; pass --model DIR")
-    return cands[0]
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -71,7 +54,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def cast_model(model: StripedHyena, dtype: torch.dtype) -> StripedHyena:
-    """Evo 2's precision policy: everything in `dtype` except poles, residues and inv_freq (fp32)."""
+    """Evo 2's precision policy: everything in `dtype` except poles, residues and inv_freq
+    (fp32)."""
     named = list(model.named_parameters()) + list(model.named_buffers())
     keep = {name: t.detach().float().clone() for name, t in named if name.endswith(FP32_KEEP)}
     model.to(dtype)
@@ -89,7 +73,8 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
         with safe_open(str(path), framework="pt") as f:
             return {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise ModelError(f"cannot read {path}: corrupt or not a safetensors file ({_short(e)})") from None
+        raise ModelError(f"cannot read {path}: corrupt or not a safetensors file "
+                         f"({_short(e)})") from None
 
 
 def _short(e: BaseException) -> str:
@@ -188,9 +173,10 @@ def _read_pt(path: Path) -> dict[str, Tensor]:
         except Exception as e:  # noqa: BLE001 - any unpickling failure is a refusal
             if mmap and "mmap" in str(e).lower():
                 continue
-            why = next((ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln or "global" in ln),
-                       _short(e))
-            raise ModelError(f"refusing to load {path}: not a plain tensor checkpoint ({why[:160]})") from None
+            why = next((ln.strip() for ln in str(e).splitlines()
+                        if "GLOBAL" in ln or "global" in ln), _short(e))
+            raise ModelError(f"refusing to load {path}: not a plain tensor checkpoint "
+                             f"({why[:160]})") from None
     for key in ("model", "state_dict", "module"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]
@@ -208,7 +194,8 @@ def evo2_to_evspark(raw: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tenso
             continue
         if name.endswith("inner_mha_cls.Wqkv.weight") and cfg.column_split:
             if tuple(t.shape) != (3 * D, D):
-                raise ModelError(f"tensor '{name}' has shape {tuple(t.shape)}, expected {(3 * D, D)}")
+                raise ModelError(f"tensor '{name}' has shape {tuple(t.shape)}, "
+                                 f"expected {(3 * D, D)}")
             t = t.reshape(H, 3, dh, D).permute(1, 0, 2, 3).reshape(3 * D, D)
         elif name.endswith("inner_mha_cls.Wqkv.bias") and cfg.column_split:
             t = t.reshape(H, 3, dh).permute(1, 0, 2).reshape(3 * D)

@@ -68,7 +68,9 @@ class ModelConfig:
 
     @property
     def rope_scale(self) -> float:
-        return float(self.rotary_emb_scaling_factor) if self.use_interpolated_rotary_pos_emb else 1.0
+        if not self.use_interpolated_rotary_pos_emb:
+            return 1.0
+        return float(self.rotary_emb_scaling_factor)
 
     def block_type(self, i: int) -> str:
         for name, idxs in (("attn", self.attn_layer_idxs), ("hcl", self.hcl_layer_idxs),
@@ -98,7 +100,8 @@ class ModelConfig:
                 raise ModelError(f"config: {name} must be a list of layer indices, got {v!r}")
         if self.hidden_layers is not None and (
                 not isinstance(self.hidden_layers, list) or not self.hidden_layers
-                or not all(isinstance(i, int) and not isinstance(i, bool) for i in self.hidden_layers)):
+                or not all(isinstance(i, int) and not isinstance(i, bool)
+                           for i in self.hidden_layers)):
             raise ModelError("config: hidden_layers must be null or a non-empty list of layer "
                              f"indices, got {self.hidden_layers!r}")
         for name in ("num_layers", "hidden_size", "num_attention_heads", "hcs_filter_length",
@@ -108,16 +111,20 @@ class ModelConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ModelError(f"config: {name} must be an integer >= 1, got {v!r}")
         if not isinstance(self.vocab_size, int) or self.vocab_size < 256:
-            raise ModelError(f"config: vocab_size must be >= 256 (byte tokenizer), got {self.vocab_size!r}")
+            raise ModelError("config: vocab_size must be >= 256 (byte tokenizer), "
+                             f"got {self.vocab_size!r}")
         d = self.hidden_size
         if d % self.num_attention_heads or self.head_dim % 2:
             raise ModelError("config: hidden_size must split into attention heads of even size")
         for g, name in ((self.hcs_filter_groups, "hcs"), (self.hcm_filter_groups, "hcm")):
             if g <= 0 or d % g:
-                raise ModelError(f"config: {name}_filter_groups={g} does not divide hidden_size={d}")
-        seen = (self.hcs_layer_idxs + self.hcm_layer_idxs + self.hcl_layer_idxs + self.attn_layer_idxs)
+                raise ModelError(f"config: {name}_filter_groups={g} does not divide "
+                                 f"hidden_size={d}")
+        seen = (self.hcs_layer_idxs + self.hcm_layer_idxs + self.hcl_layer_idxs
+                + self.attn_layer_idxs)
         if sorted(seen) != list(range(self.num_layers)):
-            raise ModelError("config: the layer index lists must cover 0..num_layers-1 exactly once")
+            raise ModelError("config: the layer index lists must cover 0..num_layers-1 exactly "
+                             "once")
         for i in self.drafter_layers:
             if not 0 <= i < self.num_layers:
                 raise ModelError(f"config: hidden_layers entry {i} out of range")
@@ -154,7 +161,8 @@ class ModelConfig:
             else:
                 data = json.loads(text)
         except (ValueError, json.JSONDecodeError) as e:
-            raise ModelError(f"config {p} is not valid {'YAML' if p.suffix in ('.yml', '.yaml') else 'JSON'}: {e}") from None
+            kind = "YAML" if p.suffix in (".yml", ".yaml") else "JSON"
+            raise ModelError(f"config {p} is not valid {kind}: {e}") from None
         if not isinstance(data, dict):
             raise ModelError(f"config {p} is not a mapping")
         return cls.from_dict(data)

@@ -243,4 +243,6 @@ def _dense(t: Tensor) -> Tensor:
     for n in reversed(t.shape):
         want.append(step)
         step *= n
-    return t if t.stride() == tuple(reversed(want)) else t.clone(memory_format=torch.contiguous_format)
+    if t.stride() == tuple(reversed(want)):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)

@@ -212,7 +212,8 @@ class HyenaFilter(nn.Module):
         return h[:, :n]
 
     def li_toeplitz(self, k: int) -> tuple[Tensor, Tensor]:
-        """(p^1..p^k as (D, S, k), lower-triangular p^(j-i) as (D, S, k, k)), cached in inference."""
+        """(p^1..p^k as (D, S, k), lower-triangular p^(j-i) as (D, S, k, k)), cached in
+        inference."""
 
         def build() -> tuple[Tensor, Tensor]:
             lam, _ = self.poles()
@@ -226,7 +227,7 @@ class HyenaFilter(nn.Module):
 
     # ------------------------------------------------------------------ inner filter over a block
     def inner(self, w: Tensor, st: FIRWindow | ModalState | None):
-        """c = filter(w) for a block w (B, D, k) fp32 continuing state `st`; returns (c, pending)."""
+        """c = filter(w) for a block w (B, D, k) fp32 continuing state `st`: (c, pending)."""
         if self.kind in ("hcs", "hcm"):
             k = w.shape[-1]
             grouped = self.hidden // self.groups > 1  # else a depthwise conv is as cheap
@@ -310,7 +311,8 @@ class HyenaFilter(nn.Module):
 
     def empty_inner(self, batch: int, device) -> FIRWindow | ModalState:
         if self.kind == "hcl":
-            return ModalState(torch.zeros(batch, self.hidden, self.log_poles.shape[1], device=device))
+            modes = self.log_poles.shape[1]
+            return ModalState(torch.zeros(batch, self.hidden, modes, device=device))
         return FIRWindow(torch.zeros(batch, self.hidden, self.h.shape[-1] - 1, device=device))
 
 

@@ -77,7 +77,8 @@ class StripedHyena(nn.Module):
         return w if w.is_contiguous() else self._derived.get("rows", (w,), w.contiguous)
 
     def forward(self, ids: Tensor, return_hidden: bool = False):
-        """Stateless logits (B, L, V) for whole sequences; optionally the drafter's hidden states."""
+        """Stateless logits (B, L, V) for whole sequences; optionally the drafters' hidden
+        states."""
         logits, hid, _ = self._run(ids, None, return_hidden)
         return (logits, hid) if return_hidden else logits
 

@@ -2,11 +2,11 @@
 
 StripedHyena 2 has three classes of inference state (docs/state-protocol.md):
 
-| class        | held by                            | extend(k)                             | commit(j)                          |
-|--------------|------------------------------------|---------------------------------------|------------------------------------|
-| FIR window   | featurizer (K=3), SE (7), MR (128) | one widened buffer [window ; k inputs] | the K-1 columns ending at j (a view) |
-| modal state  | Hyena-LI, sigma (B, D, S) fp32     | all k states sigma_1..sigma_k at once | pick sigma_j                       |
-| KV cache     | attention, preallocated rows       | write rows t0 .. t0+k-1 of each row   | length := t0 + j                   |
+| class       | held by                   | extend(k)                      | commit(j)               |
+|-------------|---------------------------|--------------------------------|-------------------------|
+| FIR window  | featurizer (K=3), SE, MR  | one buffer [window ; k inputs] | K-1 columns ending at j |
+| modal state | Hyena-LI, sigma (B, D, S) | all k states sigma_1..sigma_k  | pick sigma_j            |
+| KV cache    | attention, preallocated   | write rows t0..t0+k-1 per row  | length := t0 + j        |
 
 `model.extend(state, ids)` returns a :class:`Block` holding one *pending* object per layer. The
 pending objects keep exactly what the verification pass computed anyway, so
@@ -209,7 +209,8 @@ class ModalPending:
 
 
 def modal_state_after(sigma0: Tensor, w: Tensor, log_poles: Tensor, chunk: int = 2048) -> Tensor:
-    """sigma after feeding w (B, D, n): p^n sigma0 + sum_i p^(n-1-i) w_i, chunked to bound memory."""
+    """sigma after feeding w (B, D, n): p^n sigma0 + sum_i p^(n-1-i) w_i, in chunks (bounded
+    memory)."""
     n = w.shape[-1]
     sigma = sigma0
     for s in range(0, n, chunk):
@@ -401,7 +402,8 @@ class KVState:
         n = max(self.lengths)
         k, v = self.cache.k[:, :, :n], self.cache.v[:, :, :n]
         if not same_position(self.lengths):
-            keep = torch.arange(n, device=k.device)[None, :] < _index(self.lengths, k.device)[:, None]
+            own = _index(self.lengths, k.device)[:, None]
+            keep = torch.arange(n, device=k.device)[None, :] < own
             k, v = k * keep[:, None, :, None], v * keep[:, None, :, None]
         return {f"{name}.k": k.transpose(1, 2), f"{name}.v": v.transpose(1, 2)}
 
@@ -653,7 +655,7 @@ class Block:
     def commit(self, j: RowCommit) -> InferenceState:
         """The state after the first j tokens of the block (1 <= j <= k; one j for every row or
         one per row), by slicing only."""
-        if type(j) is int:  # one j for every row (a decode step, a uniform batch): no checks per row
+        if type(j) is int:  # one j for every row (a decode step, a uniform batch)
             if not 1 <= j <= self.k:
                 raise ValueError(f"commit({j}) outside 1..{self.k}")
             js = (j,) * len(self.lengths0)

@@ -1,6 +1,7 @@
 """Byte-level tokenizer, compatible with Evo 2's CharLevelTokenizer(512).
 
-A token is the UTF-8 byte of a letter (A=65, C=67, G=71, T=84); the vocabulary is padded to 512.
+A token is the UTF-8 byte of a letter (A=65, C=67, G=71, T=84: alphabet.py); the vocabulary is
+padded to 512.
 """
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ from typing import Iterable
 import torch
 
 VOCAB_SIZE = 512
-EOD_ID = 0
-PAD_ID = 1
-DNA_IDS = (65, 67, 71, 84)  # A C G T
 
 
 def tokenize(seq: str) -> list[int]:

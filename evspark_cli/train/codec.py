@@ -191,7 +191,8 @@ class ShardWriter:
         stale = sorted(self.directory.glob(f"{prefix}-*.safetensors"))
         index = self.directory / INDEX_NAME
         if (stale or index.exists()) and not overwrite:
-            raise FileExistsError(f"{self.directory} already holds shards/index; pass overwrite=True")
+            raise FileExistsError(f"{self.directory} already holds shards/index; "
+                                  "pass overwrite=True")
         for p in stale + ([index] if index.exists() else []):
             p.unlink()
         self._schema: dict[str, dict[str, Any]] | None = None
@@ -229,7 +230,8 @@ class ShardWriter:
                     "dtype": _dtype_name(value.dtype),
                 }
             else:
-                raise TypeError(f"{name!r}: expected Tensor or EncodedRows, got {type(value).__name__}")
+                raise TypeError(f"{name!r}: expected Tensor or EncodedRows, "
+                                f"got {type(value).__name__}")
         return flat, schema
 
     def append(self, batch: Batch | None = None, /, **tensors: torch.Tensor | EncodedRows) -> None:
@@ -354,7 +356,8 @@ class ShardReader:
     def _keys(self) -> list[str]:
         keys: list[str] = []
         for name, info in self.tensors.items():
-            keys += [name] if info["kind"] == "plain" else [name + _PAYLOAD_SUFFIX, name + _SCALE_SUFFIX]
+            plain = info["kind"] == "plain"
+            keys += [name] if plain else [name + _PAYLOAD_SUFFIX, name + _SCALE_SUFFIX]
         return keys
 
     def _slice(self, shard: int, lo: int, hi: int) -> dict[str, torch.Tensor]:
@@ -368,7 +371,8 @@ class ShardReader:
         h = self._handle(i)
         return self._finish({k: h.get_tensor(k) for k in self._keys()}, decoded, dtype)
 
-    def iter_shards(self, *, decoded: bool = True, dtype: torch.dtype = torch.float32) -> Iterator[Row]:
+    def iter_shards(self, *, decoded: bool = True, dtype: torch.dtype = torch.float32
+                    ) -> Iterator[Row]:
         """Shards in order, each as a dict of row-batched tensors."""
         for i in range(self.num_shards):
             yield self.shard(i, decoded=decoded, dtype=dtype)
@@ -402,7 +406,8 @@ class ShardReader:
         while i < m:  # read runs of consecutive rows within one shard with one slice each
             s = int(shard_of[i])
             j = i
-            while j + 1 < m and int(shard_of[j + 1]) == s and int(sorted_idx[j + 1]) <= int(sorted_idx[j]) + 1:
+            while (j + 1 < m and int(shard_of[j + 1]) == s
+                   and int(sorted_idx[j + 1]) <= int(sorted_idx[j]) + 1):
                 j += 1
             lo = int(sorted_idx[i]) - int(self._starts[s])
             hi = int(sorted_idx[j]) - int(self._starts[s]) + 1

@@ -1,46 +1,41 @@
-"""FASTA corpus -> byte-token windows for distillation and scoring.
+"""FASTA corpus -> byte-token windows for training and distillation.
 
 Why: the drafter is distilled on windows of real DNA that must never straddle two records (a
 window across a contig boundary teaches a junction that does not exist), must see both strands
 (the target is strand-symmetric in training), and must be reproducible from a generator state.
-Token ids are the bytes of the upper-cased letters (A=65, C=67, G=71, T=84, N=78; IUPAC codes
-kept as their own bytes). The train/valid split is by file, exactly as the folders are.
+Records are read by io/fasta.py (the one FASTA reader: plain, gzip, BGZF; IUPAC letters checked
+and upper-cased), one at a time; token ids are the bytes of the letters (alphabet.py). The
+train/valid split is by file, exactly as the folders are.
 """
 from __future__ import annotations
 
-import gzip
-import io
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO, Union
+from typing import Union
 
 import numpy as np
 import torch
 
-from evspark_cli.errors import InputError
+from ..alphabet import COMPLEMENT as _COMPLEMENT_LETTERS
+from ..errors import InputError
+from ..io.fasta import iter_records
 
-FASTA_SUFFIXES: tuple[str, ...] = (".fa", ".fasta", ".fna", ".fas", ".fa.gz", ".fasta.gz", ".fna.gz", ".fas.gz")
-IUPAC: bytes = b"ACGTURYKMSWBDHVN"
-"""Letters accepted in sequences (after upper-casing)."""
-
-_PAIRS = {"A": "T", "C": "G", "R": "Y", "K": "M", "B": "V", "D": "H", "S": "S", "W": "W", "N": "N"}
+FASTA_SUFFIXES: tuple[str, ...] = (".fa", ".fasta", ".fna", ".fas", ".fa.gz", ".fasta.gz",
+                                   ".fna.gz", ".fas.gz")
 
 
 def _complement_table() -> np.ndarray:
     table = np.arange(256, dtype=np.uint8)  # bytes outside IUPAC map to themselves
-    for a, b in _PAIRS.items():
-        table[ord(a)], table[ord(b)] = ord(b), ord(a)
-    table[ord("U")] = ord("A")
+    for a, b in _COMPLEMENT_LETTERS.items():
+        table[ord(a)] = ord(b)
     return table
 
 
 COMPLEMENT: np.ndarray = _complement_table()
 """Byte -> complement byte (A<->T, C<->G, R<->Y, K<->M, B<->V, D<->H; S, W, N fixed; U->A)."""
 _COMPLEMENT_T = torch.from_numpy(COMPLEMENT.astype(np.int64))
-_VALID = np.zeros(256, dtype=bool)
-_VALID[np.frombuffer(IUPAC, dtype=np.uint8)] = True
 
 SeqLike = Union[np.ndarray, torch.Tensor]
 
@@ -52,25 +47,10 @@ def reverse_complement(seq: SeqLike) -> SeqLike:
     return COMPLEMENT[np.asarray(seq, dtype=np.uint8)[..., ::-1]]
 
 
-def encode_sequence(text: str) -> np.ndarray:
-    """Upper-cased letters as uint8 byte tokens; rejects anything that is not IUPAC."""
-    try:
-        raw = text.upper().encode("ascii")
-    except UnicodeEncodeError as exc:
-        raise InputError(f"non-ASCII character in sequence at position {exc.start}") from exc
-    arr = np.frombuffer(raw, dtype=np.uint8).copy()
-    bad = ~_VALID[arr]
-    if bad.any():
-        pos = int(np.flatnonzero(bad)[0])
-        raise InputError(
-            f"{int(bad.sum())} non-IUPAC character(s) in sequence, first {chr(arr[pos])!r} at {pos + 1}"
-        )
-    return arr
-
-
 @dataclass(frozen=True)
 class Record:
-    """One FASTA record: id, description, file it came from, and its byte tokens (uint8)."""
+    """One FASTA record: id, description (the header after the id), file it came from, and its
+    byte tokens (uint8)."""
 
     name: str
     description: str
@@ -81,32 +61,11 @@ class Record:
         return int(self.seq.shape[0])
 
 
-def _open_text(path: Path) -> TextIO:
-    """gzip (incl. BGZF, which is multi-member gzip) or plain text, chosen by magic bytes."""
-    with path.open("rb") as fh:
-        magic = fh.read(2)
-    if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="latin-1")
-    return path.open("r", encoding="latin-1")  # lenient for headers; sequences are checked
-
-
 def read_fasta(path: str | os.PathLike[str]) -> list[Record]:
-    """All records of one FASTA file (plain, gzip or BGZF)."""
-    from Bio import SeqIO  # lazy: the engine and its tests run where biopython is absent
-
+    """All records of one FASTA file (plain, gzip or BGZF) as byte tokens, read one at a time."""
     p = Path(path)
-    records: list[Record] = []
-    try:
-        with _open_text(p) as handle:
-            for rec in SeqIO.parse(handle, "fasta"):
-                try:
-                    seq = encode_sequence(str(rec.seq))
-                except InputError as exc:
-                    raise InputError(f"{p}: record {rec.id!r}: {exc}") from exc
-                records.append(Record(rec.id, rec.description, p, seq))
-    except (OSError, EOFError, ValueError) as exc:
-        raise InputError(f"cannot read FASTA {p}: {exc}") from exc
-    return records
+    return [Record(r.id, r.description, p, np.frombuffer(r.seq.encode("ascii"), np.uint8).copy())
+            for r in iter_records(p)]
 
 
 def fasta_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -116,7 +75,8 @@ def fasta_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
     for item in items:
         p = Path(item)
         if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.is_file() and f.name.lower().endswith(FASTA_SUFFIXES))
+            found = sorted(f for f in p.iterdir()
+                           if f.is_file() and f.name.lower().endswith(FASTA_SUFFIXES))
             if not found:
                 raise InputError(f"no FASTA files ({', '.join(FASTA_SUFFIXES)}) in {p}")
             out += found
@@ -128,51 +88,30 @@ def fasta_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 
 class Corpus:
-    """Records held in memory as uint8 byte tokens, with window sampling and eval tiling."""
+    """Records held in memory as uint8 byte tokens (one flat buffer), with window sampling."""
 
     def __init__(self, records: Sequence[Record]) -> None:
         records = list(records)
         lengths = np.array([len(r) for r in records], dtype=np.int64)
         self.lengths: np.ndarray = lengths
         self._offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        flat = np.concatenate([r.seq for r in records]).astype(np.uint8, copy=False) if records else np.zeros(0, np.uint8)
+        flat = (np.concatenate([r.seq for r in records]).astype(np.uint8, copy=False) if records
+                else np.zeros(0, np.uint8))
         self._flat = torch.from_numpy(flat)
         # records become views into the one flat buffer, so the corpus is held once in memory
         self.records: list[Record] = [
             Record(r.name, r.description, r.source, flat[a:b])
             for r, a, b in zip(records, self._offsets[:-1], self._offsets[1:])
         ]
-        self._by_name = {r.name: i for i, r in enumerate(self.records)}
 
     @classmethod
-    def from_paths(cls, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Corpus:
+    def from_paths(cls, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+                   ) -> Corpus:
         """Load every record of the given FASTA files / directories (a directory = one split)."""
         return cls([rec for f in fasta_files(paths) for rec in read_fasta(f)])
 
     def __len__(self) -> int:
         return len(self.records)
-
-    def __getitem__(self, key: int | str) -> Record:
-        return self.records[self._index(key)]
-
-    def _index(self, key: int | str) -> int:
-        if isinstance(key, str):
-            if key not in self._by_name:
-                raise KeyError(f"no record named {key!r}")
-            return self._by_name[key]
-        return range(len(self.records))[key]
-
-    @property
-    def names(self) -> list[str]:
-        return [r.name for r in self.records]
-
-    @property
-    def sources(self) -> list[Path]:
-        return [r.source for r in self.records]
-
-    @property
-    def total_length(self) -> int:
-        return int(self._offsets[-1])
 
     def sample_windows(
         self,
@@ -208,33 +147,3 @@ class Corpus:
         if bool(flip.any()):
             out[flip] = reverse_complement(out[flip])  # type: ignore[assignment]
         return out
-
-    def iter_eval_windows(
-        self, record: int | str | Record, window: int, context: int
-    ) -> Iterator[tuple[torch.Tensor, int]]:
-        """:func:`iter_eval_windows` over one record of this corpus (by index, name or Record)."""
-        rec = record if isinstance(record, Record) else self[record]
-        return iter_eval_windows(rec, window, context)
-
-
-def iter_eval_windows(
-    record: Record | SeqLike, window: int, context: int
-) -> Iterator[tuple[torch.Tensor, int]]:
-    """Tile a record for scoring: yields ``(ids, n_scored_from)`` with ids int64 1-D.
-
-    Position p (a target, predicted from tokens < p) is scored where ``j >= n_scored_from`` for
-    ``ids[j]``. Every position 1..len-1 is scored exactly once (position 0 has no context); the
-    first scored position of a chunk sees min(context, p) preceding tokens, later ones more.
-    Chunks are at most ``context + window`` long and their scored spans step by ``window``.
-    """
-    if window < 1 or context < 1:
-        # context >= 1: a causal LM predicts ids[j] from the logits at j - 1, so the first scored
-        # token of a chunk needs at least its predecessor inside the chunk
-        raise ValueError("window and context must be >= 1")
-    seq = record.seq if isinstance(record, Record) else record
-    ids = torch.as_tensor(np.asarray(seq) if not isinstance(seq, torch.Tensor) else seq).long()
-    n = int(ids.shape[-1])
-    for first in range(1, n, window):
-        stop = min(first + window, n)
-        begin = max(0, first - context)
-        yield ids[begin:stop].clone(), first - begin

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,10 +23,11 @@ from typing import Callable
 
 import torch
 
+from ..alphabet import BASE_IDS
 from ..decode.drafters.dspark import DSparkConfig, DSparkNet, save_drafter
-from ..model.tokenizer import DNA_IDS
 from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
-from ..model.checkpoint import load_model, resolve_device, weights_hash
+from ..errors import InputError, SettingError, at_least
+from ..model.checkpoint import WEIGHTS, load_model, resolve_device, weights_hash
 from ..model.model import StripedHyena
 from .codec import EncodedRows, ShardReader, ShardWriter, decode, encode
 from .corpus import Corpus
@@ -40,7 +42,7 @@ class CacheConfig:
     natural_windows: int = 256
     onpolicy_windows: int = 128
     window: int = 1024
-    onpolicy_prompt: int = 512  # on-policy windows: this many natural tokens, then the target writes
+    onpolicy_prompt: int = 512  # on-policy windows: this many natural tokens, then the target
     batch: int = 8
     temperature: float = 1.0
     top_k: int = 4
@@ -48,6 +50,21 @@ class CacheConfig:
     seed: int = 0
     codec: str = "bf16"
     device: str = "auto"  # where the target runs (auto: CUDA when present)
+
+    def __post_init__(self) -> None:  # checked once, when built
+        at_least("window", self.window, 1)
+        for name in ("natural_windows", "onpolicy_windows"):
+            at_least(name, getattr(self, name), 0)
+        if self.natural_windows + self.onpolicy_windows < 1:
+            raise SettingError("{0} plus {1} must be >= 1", "natural_windows", "onpolicy_windows")
+
+    @property
+    def onpolicy_prompt_len(self) -> int:
+        """Natural tokens before the target writes: a prompt that would fill the whole window
+        (the 512 default with a short window) falls back to half the window."""
+        if 0 < self.onpolicy_prompt < self.window:
+            return self.onpolicy_prompt
+        return max(1, self.window // 2)
 
 
 @dataclass
@@ -58,7 +75,7 @@ class DistillConfig:
     steps: int = 2000
     batch: int = 64
     gamma: int = 12
-    gamma_max: int = 16
+    gamma_max: int = DSparkConfig.gamma_max  # the drafter's slots: the largest gamma it serves
     width: int = 128
     layers: int = 2
     heads: int = 4
@@ -72,6 +89,18 @@ class DistillConfig:
     ckpt_every: int = 200
     log_every: int = 25
     device: str = "auto"  # where the drafter trains; the cache stays in host memory
+
+    def __post_init__(self) -> None:  # checked once, when built
+        for name in ("steps", "batch", "gamma"):
+            at_least(name, getattr(self, name), 1)
+        if self.gamma > self.gamma_max:
+            raise SettingError.of("gamma", f"must be <= {self.gamma_max} (the drafter's largest "
+                                           "block)")
+        for name in ("layers", "prefix_len"):
+            at_least(name, getattr(self, name), 1)
+        if self.width < self.heads or self.width % self.heads:
+            raise SettingError.of("width", f"must be a positive multiple of {self.heads} (the "
+                                           f"drafter's heads), got {self.width}")
 
 
 # ------------------------------------------------------------------------------ teacher cache
@@ -102,7 +131,7 @@ def teacher_rows(model: StripedHyena, seqs: torch.Tensor, sampler: SamplerConfig
     """Teacher-forced hidden states, p̃ on the alphabet and the mass outside it, for (B, S)."""
     logits, hidden = model(seqs.to(model.device), return_hidden=True)
     p = sampler_probs(logits.float(), sampler)
-    alpha = torch.tensor(DNA_IDS, device=p.device)
+    alpha = torch.tensor(BASE_IDS, device=p.device)
     pa = p[..., alpha]
     return {"tokens": seqs.cpu().to(torch.int16), "p_alpha": pa.cpu(),
             "p_other": (1 - pa.sum(-1)).clamp(min=0).cpu(),
@@ -115,16 +144,21 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
     model = load_model(cfg.target, device=cfg.device)
     sampler = SamplerConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     corpus = Corpus.from_paths(cfg.train)
+    prompt_len = cfg.onpolicy_prompt_len  # on-policy windows: a natural prompt, then the target
+    need = max(cfg.window if cfg.natural_windows else 0, prompt_len if cfg.onpolicy_windows else 0)
+    longest = int(corpus.lengths.max()) if len(corpus) else 0
+    if longest < need:
+        raise SettingError(f"{{0}}: no record is at least {need} bases long (longest: {longest}); "
+                           "lower {1}", "train", "window")
     gen = torch.Generator().manual_seed(cfg.seed)
-    # on-policy windows: a natural prompt, then target-written tokens; a prompt that would fill the
-    # whole window (the 512 default with a short --window) falls back to half the window
-    prompt_len = cfg.onpolicy_prompt if 0 < cfg.onpolicy_prompt < cfg.window else max(1, cfg.window // 2)
     meta = {"cache_config": asdict(cfg), "onpolicy_prompt": prompt_len,
             "target_hash": weights_hash(cfg.target),
-            "target_hidden_layers": model.config.drafter_layers, "hidden_size": model.config.hidden_size,
-            "alphabet": list(DNA_IDS)}
+            "target_hidden_layers": model.config.drafter_layers,
+            "hidden_size": model.config.hidden_size,
+            "alphabet": list(BASE_IDS)}
     t0 = time.time()
-    with ShardWriter(out, prefix="teacher", max_rows_per_shard=64, metadata=meta, overwrite=True) as w:
+    with ShardWriter(out, prefix="teacher", max_rows_per_shard=64, metadata=meta,
+                     overwrite=True) as w:
         done = 0
         for kind, n in (("natural", cfg.natural_windows), ("onpolicy", cfg.onpolicy_windows)):
             for s in range(0, n, cfg.batch):
@@ -143,6 +177,30 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
                     f"({time.time() - t0:.0f} s)")
     (out / "cache_config.json").write_text(json.dumps(asdict(cfg), indent=1))
     return out
+
+
+def prepare_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
+    """The teacher cache in cfg.out_dir: reused when it holds one (made from cfg.target's
+    weights), else built from cfg.train. A new cache that fails half-way is removed."""
+    out, target = Path(cfg.out_dir), Path(cfg.target)
+    if (out / "index.json").is_file():
+        meta = json.loads((out / "index.json").read_text()).get("metadata", {})
+        built_from = meta.get("target_hash")
+        if (target / WEIGHTS).is_file() and built_from and built_from != weights_hash(target):
+            raise InputError(f"teacher cache {out} was built from another target than {target}; "
+                             "pass another --cache (with --train) to build one for it")
+        return out
+    if not cfg.train:
+        raise InputError(f"no teacher cache at {out}; pass --train FASTA... to build it")
+    if out.exists() and not out.is_dir():
+        raise SettingError.of("cache", f"{out} is a file, not a folder")
+    fresh = not out.exists()
+    try:
+        return build_cache(cfg, log)
+    except BaseException:
+        if fresh:  # no half-built cache left behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 # ------------------------------------------------------------------------------ training
@@ -180,7 +238,8 @@ class TeacherData:
         k = torch.arange(1, gamma + 1)
         tgt_pos = a[:, None] + k  # tokens the drafts should produce
         return {"ctx": ctx, "valid": valid, "anchor": self.tokens[w, a],
-                "prev": self.tokens[w[:, None], tgt_pos - 1], "target": self.tokens[w[:, None], tgt_pos],
+                "prev": self.tokens[w[:, None], tgt_pos - 1],
+                "target": self.tokens[w[:, None], tgt_pos],
                 "p_alpha": self.p_alpha[w[:, None], tgt_pos - 1],
                 "p_other": self.p_other[w[:, None], tgt_pos - 1]}
 
@@ -198,7 +257,8 @@ def distill_loss(net: DSparkNet, b: dict[str, torch.Tensor], cfg: DistillConfig
     ce = -(logq.gather(-1, tgt.clamp(max=net.cfg.n_alpha - 1)[..., None])[..., 0]) * in_alpha
     l1 = (q - b["p_alpha"]).abs().sum(-1) + b["p_other"]
     loss = ((cfg.ce_weight * ce + cfg.l1_weight * l1) * wk).sum(-1).mean()
-    accept = (1 - 0.5 * l1.detach()).mean(0)  # expected per-position acceptance (conditional on reaching it)
+    # expected per-position acceptance (conditional on reaching the position)
+    accept = (1 - 0.5 * l1.detach()).mean(0)
     return loss, {"loss": float(loss.detach()), "accept1": float(accept[0]),
                   "accept_mean": float(accept.mean())}
 
@@ -279,7 +339,8 @@ class DistillTrainer:
             t = now
             if self.step % c.log_every == 0 or self.step == c.steps:
                 row = {"step": self.step, **{k: round(v, 5) for k, v in info.items()},
-                       "supervised_positions": self.step * c.batch * c.gamma, "wall_s": round(self.wall, 1)}
+                       "supervised_positions": self.step * c.batch * c.gamma,
+                       "wall_s": round(self.wall, 1)}
                 self.out.mkdir(parents=True, exist_ok=True)
                 with open(self.out / "log.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -290,7 +351,8 @@ class DistillTrainer:
 
     def export(self, dest: str | Path | None = None) -> Path:
         c = self.cfg
-        self.net.cfg.training = {"seed": c.seed, "steps": self.step, "batch": c.batch, "gamma": c.gamma,
+        self.net.cfg.training = {"seed": c.seed, "steps": self.step, "batch": c.batch,
+                                 "gamma": c.gamma,
                                  "supervised_positions": self.step * c.batch * c.gamma,
                                  "cache": str(c.cache), "wall_s": round(self.wall, 1),
                                  "loss": "0.1*CE + 0.9*L1(q, p~), weights exp(-(k-1)/4)"}

@@ -13,17 +13,18 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputError, ModelError
+from ..errors import InputError, ModelError, SettingError, at_least
+from ..eval.score import score_sequence
+from ..io.fasta import iter_records
 from ..model.checkpoint import save_model
 from ..model.config import ModelConfig
 from ..model.model import StripedHyena
-from ..eval.score import score_sequence
-from .corpus import Corpus
+from .corpus import Corpus, fasta_files
 
 
 @dataclass
@@ -97,7 +98,8 @@ def init_weights(model: StripedHyena, seed: int) -> None:
 
 
 def keep_poles_stable(model: StripedHyena) -> None:
-    """Projected step: LI log-poles stay strictly negative (|pole| < 1), as trained Evo 2 poles are."""
+    """Projected step: LI log-poles stay strictly negative (|pole| < 1), as trained Evo 2 poles
+    are."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("filter.log_poles"):
@@ -108,7 +110,8 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+    cosine = 0.5 * (1 + math.cos(math.pi * frac))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
 
 
 def make_optimizer(model: StripedHyena, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -134,7 +137,8 @@ def load_run_checkpoint(path: Path, restore: Callable[[dict], None], mismatch: s
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error to a user
-        raise ModelError(f"cannot read checkpoint {path} ({type(exc).__name__}); {start_over}") from exc
+        raise ModelError(f"cannot read checkpoint {path} ({type(exc).__name__}); "
+                         f"{start_over}") from exc
     try:
         restore(ck)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
@@ -156,6 +160,23 @@ def trim_log(log: Path, step: int) -> None:
     tmp = log.with_name(log.name + ".tmp")
     tmp.write_text("".join(x + "\n" for x in keep))
     os.replace(tmp, log)
+
+
+def _first_record(path: str) -> torch.Tensor:
+    """Token ids of the first record of a validation file (read no further: genomes are big)."""
+    name = Path(str(path)).name
+    first = next(iter_records(fasta_files([path])[0]), None)
+    if first is None or len(first.seq) < 2:
+        raise InputError(f"valid file {name}: its first record needs at least 2 bases")
+    return torch.tensor(list(first.seq.encode("ascii")), dtype=torch.long)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a run checkpoint holds (0 when there is none or it cannot be read)."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True)["step"])
+    except Exception:  # noqa: BLE001 - only for a message
+        return 0
 
 
 class Trainer:
@@ -185,17 +206,24 @@ class Trainer:
         if longest < cfg.window + 1:
             raise InputError(f"no training record is at least window + 1 = {cfg.window + 1} bases "
                              f"long (longest: {longest}); lower window or add longer genomes")
-        self.valid = {Path(str(p)).name: Corpus.from_paths([p]) for p in cfg.valid}
-        for name, corpus in self.valid.items():
-            if not len(corpus) or len(corpus.records[0]) < 2:
-                raise InputError(f"valid file {name}: its first record needs at least 2 bases")
-        autocast = cfg.bf16_autocast == "on" or (cfg.bf16_autocast == "auto" and self.device.type == "cuda")
-        self.autocast = autocast
+        self.valid = {Path(str(p)).name: _first_record(p) for p in cfg.valid}
+        on_cuda = self.device.type == "cuda"
+        self.autocast = cfg.bf16_autocast == "on" or (cfg.bf16_autocast == "auto" and on_cuda)
 
     # ------------------------------------------------------------------ checkpoints
     @property
     def ckpt_path(self) -> Path:
         return self.out / "ckpt.pt"
+
+    def start(self, resume: bool = True, export_only: bool = False) -> bool:
+        """Continue from the run's checkpoint when `resume`; True when one was loaded. Exporting
+        alone needs one: without it there is no trained model to export."""
+        resumed = self.resume() if resume else False
+        if export_only and not resumed:
+            where = str(self.ckpt_path).replace("{", "{{").replace("}", "}}")
+            raise SettingError("{0}: no checkpoint " + where + " to export"
+                               + ("" if resume else " (without {1})"), "export_only", "no_resume")
+        return resumed
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -237,7 +265,8 @@ class Trainer:
     def train_step(self) -> float:
         cfg = self.cfg
         self.model.train()
-        batch = self.corpus.sample_windows(cfg.batch_size, cfg.window, self.gen, cfg.rc_prob).to(self.device)
+        batch = self.corpus.sample_windows(cfg.batch_size, cfg.window, self.gen, cfg.rc_prob)
+        batch = batch.to(self.device)
         for group in self.opt.param_groups:
             group["lr"] = lr_at(cfg, self.step)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
@@ -254,8 +283,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
         out = {}
-        for name, corpus in self.valid.items():
-            seq = torch.from_numpy(corpus.records[0].seq)
+        for name, seq in self.valid.items():
             bpn, _ = score_sequence(self.model, seq, self.cfg.eval_context, 1024,
                                     max_tokens=self.cfg.eval_tokens)
             out[name] = round(bpn, 4)
@@ -274,7 +302,8 @@ class Trainer:
             self.wall += now - t_last
             t_last = now
             row = {"step": self.step, "loss": round(loss, 5), "bits": round(loss / math.log(2), 4),
-                   "lr": lr_at(cfg, self.step - 1), "tokens": self.tokens_seen, "wall_s": round(self.wall, 1)}
+                   "lr": lr_at(cfg, self.step - 1), "tokens": self.tokens_seen,
+                   "wall_s": round(self.wall, 1)}
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
                 row["valid_bits_per_nt"] = self.evaluate()
                 t_last = time.time()
@@ -294,36 +323,46 @@ _POSITIVE = ("steps", "batch_size", "window", "ckpt_every", "eval_tokens", "eval
 _NON_NEGATIVE = ("warmup", "eval_every", "threads", "weight_decay", "grad_clip")
 
 
-def validate_train_config(cfg: TrainConfig) -> TrainConfig:
-    """Refuse values that cannot train (InputError, one line) before any work is done."""
+def validate_train_config(cfg: TrainConfig, given: Collection[str] = ()) -> TrainConfig:
+    """Refuse values that cannot train (one line) before any work is done. A field named in
+    `given` was set by the caller (an option such as --steps), not read from the file: its
+    error names it as a setting."""
     import dataclasses
+
+    def bad(name: str, problem: str) -> InputError:
+        if name in given:
+            return SettingError.of(name, problem)
+        return InputError(f"train config: {name} {problem}")
 
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
         want = {"int": int, "float": (int, float), "str": str, "dict": dict}.get(str(f.type))
         if f.type in ("list[str]",):
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                raise InputError(f"train config: {f.name} must be a list of paths, got {v!r}")
+                raise bad(f.name, f"must be a list of paths, got {v!r}")
         elif want is not None and (not isinstance(v, want) or isinstance(v, bool)):
-            raise InputError(f"train config: {f.name} must be {str(f.type)}, got {v!r}")
+            raise bad(f.name, f"must be {str(f.type)}, got {v!r}")
     for name in _POSITIVE:
         if getattr(cfg, name) < 1:
-            raise InputError(f"train config: {name} must be >= 1, got {getattr(cfg, name)}")
+            raise bad(name, f"must be >= 1, got {getattr(cfg, name)}")
     for name in _NON_NEGATIVE:
         if getattr(cfg, name) < 0:
-            raise InputError(f"train config: {name} must be >= 0, got {getattr(cfg, name)}")
+            raise bad(name, f"must be >= 0, got {getattr(cfg, name)}")
     if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
-        raise InputError(f"train config: lr must be > 0, got {cfg.lr}")
+        raise bad("lr", f"must be > 0, got {cfg.lr}")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
-        raise InputError(f"train config: min_lr_ratio must be in [0, 1], got {cfg.min_lr_ratio}")
+        raise bad("min_lr_ratio", f"must be in [0, 1], got {cfg.min_lr_ratio}")
     if not 0.0 <= cfg.rc_prob <= 1.0:
-        raise InputError(f"train config: rc_prob must be in [0, 1], got {cfg.rc_prob}")
+        raise bad("rc_prob", f"must be in [0, 1], got {cfg.rc_prob}")
     if cfg.bf16_autocast not in ("auto", "on", "off"):
-        raise InputError(f"train config: bf16_autocast must be auto, on or off, got {cfg.bf16_autocast!r}")
+        raise bad("bf16_autocast", f"must be auto, on or off, got {cfg.bf16_autocast!r}")
     return cfg
 
 
-def load_train_config(path: str | Path) -> TrainConfig:
+def load_train_config(path: str | Path, steps: int | None = None) -> TrainConfig:
+    """Read and check a train_config.json; `steps` overrides the file's total steps."""
+    if not Path(path).is_file():
+        raise InputError(f"no such train config: {path}")
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -336,7 +375,23 @@ def load_train_config(path: str | Path) -> TrainConfig:
         raise InputError(f"train config {path}: unknown field(s) {', '.join(unknown)}")
     if "out_dir" not in raw:
         raise InputError(f"train config {path}: out_dir is required")
-    return validate_train_config(TrainConfig(**raw))
+    given = {"steps": steps} if steps is not None else {}
+    return validate_train_config(TrainConfig(**{**raw, **given}), given)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one invocation drives a run: stop (with a checkpoint) at a step, export where."""
+
+    stop_at: int | None = None
+    export: str | None = None  # model folder; None: RUN/model
+
+    def __post_init__(self) -> None:
+        if self.stop_at is not None:
+            at_least("stop_at", self.stop_at, 1)
+        export = Path(self.export) if self.export is not None else None
+        if export is not None and export.exists() and not export.is_dir():
+            raise SettingError.of("export", f"{self.export} is a file, not a model folder")
 
 
 def run_from_config(path: str | Path, resume: bool = True,

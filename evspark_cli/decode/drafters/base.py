@@ -18,8 +18,15 @@ from torch import Tensor
 
 from ...model.model import StripedHyena
 from ...model.state import InferenceState
-from ..sampling import (Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform,
-                        uniform_float, uniform_floats)
+from ..sampling import (
+    Purpose,
+    SamplerConfig,
+    sample_from_probs,
+    sampler_probs,
+    uniform,
+    uniform_float,
+    uniform_floats,
+)
 
 
 @dataclass(frozen=True)

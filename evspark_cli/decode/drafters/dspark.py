@@ -24,26 +24,25 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from ...alphabet import BASE_IDS
 from ...errors import ModelError
 from ...model.model import StripedHyena
 from ...model.state import InferenceState, put_rows, swap_remove
-from ...model.tokenizer import DNA_IDS
 from ..sampling import Purpose, sampler_probs
 from .base import DraftContext, Proposal
-
 
 
 @dataclass
 class DSparkConfig:
     target_hidden: int = 192  # D of the target
-    target_layers: int = 4  # number of target layers in the conditioning (the target's hidden_layers)
+    target_layers: int = 4  # target layers in the conditioning (the target's hidden_layers)
     width: int = 128
     layers: int = 2
     heads: int = 4
     mlp_ratio: int = 2
     prefix_len: int = 64  # P: committed positions the trunk attends to
     gamma_max: int = 16
-    alphabet: list[int] = field(default_factory=lambda: list(DNA_IDS))
+    alphabet: list[int] = field(default_factory=lambda: list(BASE_IDS))
     vocab_size: int = 512
     target_hash: str = ""
     target_name: str = ""
@@ -310,11 +309,13 @@ def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: 
                                  "use --force-drafter to use it anyway")
         tc = target.config
         if cfg.target_hidden != tc.hidden_size or cfg.target_layers != len(tc.drafter_layers):
-            raise ModelError(f"drafter {folder} expects a target with hidden {cfg.target_hidden} and "
+            raise ModelError(f"drafter {folder} expects a target with hidden {cfg.target_hidden} "
+                             "and "
                              f"{cfg.target_layers} conditioning layers")
     try:
         net = DSparkNet(cfg)
     except (TypeError, ValueError, RuntimeError, IndexError) as e:  # e.g. "width": "wide"
         raise ModelError(f"{cfg_path}: invalid drafter config ({str(e).splitlines()[0]})") from None
-    check_tensors_against(net, read_safetensors(folder / "model.safetensors"), folder / "model.safetensors")
+    weights = folder / "model.safetensors"
+    check_tensors_against(net, read_safetensors(weights), weights)
     return DSparkDrafter(net, folder)

@@ -13,12 +13,12 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from ...alphabet import BASE_IDS
 from ...model.state import InferenceState
-from ...model.tokenizer import DNA_IDS
 from ..sampling import Purpose
 from .base import DraftContext, ListRows, Proposal, draw_on_alphabet, pad_proposal
 
-_INDEX = {b: i for i, b in enumerate(DNA_IDS)}
+_INDEX = {b: i for i, b in enumerate(BASE_IDS)}
 
 
 class KmerDrafter:
@@ -92,7 +92,7 @@ class KmerRows(ListRows[KmerTable]):
     def __init__(self, items: list[KmerTable], vocab: int) -> None:
         super().__init__(items)
         self.vocab = vocab
-        self.alphabet = torch.tensor(DNA_IDS)
+        self.alphabet = torch.tensor(BASE_IDS)
 
     def propose(self, state: InferenceState, anchors: Sequence[int], gammas: Sequence[int]
                 ) -> Proposal:

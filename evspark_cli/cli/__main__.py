@@ -1,0 +1,4 @@
+"""`python -m evspark_cli.cli`: the same as the `evspark` command."""
+from . import main
+
+main()

@@ -1,0 +1,71 @@
+"""`evspark bench`: the evaluation protocol into results.json and report.md (eval/bench.py)."""
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from .app import command, say
+from .options import CompileOpt, ModelOpt, QuietOpt, ThreadsOpt
+
+# BenchConfig fields whose option has another name
+OPTIONS = {"new_tokens": "--max-new-tokens", "gamma_sweep": "--gammas", "depth_tokens": "--depth",
+           "rollback_modes": "--rollbacks", "out_dir": "--output"}
+
+
+@command(OPTIONS)
+def bench(
+    model_dir: Optional[str] = ModelOpt,
+    preset: str = typer.Option("quick", "--preset", help="quick (minutes) or full (the whole "
+                               "protocol: 48 prompts x 1024 tokens x 3 drafter seeds)."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="Prompt FASTA (default: the "
+                                          "48-prompt suite in ../shared/data/prompts.fa, else "
+                                          "examples/prompts.fa)."),
+    out: str = typer.Option("bench-results", "-o", "--output", help="Folder for results.json, "
+                            "report.md and plots."),
+    context_genome: Optional[str] = typer.Option(None, "--context-genome", help="FASTA whose "
+                                                 "first record provides the long-context "
+                                                 "prompts."),
+    n_prompts: Optional[int] = typer.Option(None, "--n-prompts", help="Override the preset."),
+    new_tokens: Optional[int] = typer.Option(None, "-n", "--max-new-tokens", help="Override the "
+                                             "preset."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Drafter seeds, e.g. 0,1,2."),
+    gamma: Optional[int] = typer.Option(None, "--gamma", "-g", help="Override the preset."),
+    drafter: Optional[List[str]] = typer.Option(None, "--drafter", help="Extra drafter folder(s) "
+                                                "to benchmark."),
+    baselines: Optional[str] = typer.Option(None, "--baselines", help="Comma list of baseline "
+                                            "drafters (default kmer,identity; '' for none)."),
+    rollbacks: Optional[str] = typer.Option(None, "--rollbacks", help="Comma list: "
+                                            "slice,replay."),
+    skip: Optional[str] = typer.Option(None, "--skip", help="Sections to skip: "
+                                       "tvd,gamma,context,depth."),
+    gammas: Optional[str] = typer.Option(None, "--gammas", help="Gamma sweep, e.g. "
+                                         "1,2,4,8,12,16."),
+    contexts: Optional[str] = typer.Option(None, "--contexts", help="Context sweep lengths, e.g. "
+                                           "1024,8192,32768."),
+    depth: Optional[int] = typer.Option(None, "--depth", help="Depth sweep: tokens of one long "
+                                        "generation (0 = skip)."),
+    compile_cpu: bool = CompileOpt,
+    threads: int = ThreadsOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """The evaluation protocol: speedup, acceptance, losslessness and sweeps, into a report."""
+    import json
+
+    from ..api import set_threads
+    from ..eval.bench import bench_config, bench_drafters, check_output_dir, run_bench
+    from ..model.checkpoint import load_model
+
+    set_threads(threads)
+    cfg = bench_config(preset, prompts, n_prompts=n_prompts, new_tokens=new_tokens, gamma=gamma,
+                       seeds=seeds, context_genome=context_genome, baselines=baselines,
+                       rollbacks=rollbacks, skip=skip, gammas=gammas, contexts=contexts,
+                       depth=depth)
+    check_output_dir(out)
+    model = load_model(model_dir, device="auto", compile=compile_cpu)
+    drafters = bench_drafters(model, cfg, drafter)
+    res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
+                    log=(lambda m: None) if quiet else say)
+    head = {k: round(v["summary"]["pooled_speedup"], 3) for k, v in res["speed"].items()}
+    print(json.dumps({"out": out, "pooled_speedup": head}, indent=1))

@@ -1,0 +1,72 @@
+"""`evspark distill`: distil a DSpark drafter from a target (train/distill.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .app import command, say
+from .options import ModelOpt, QuietOpt, ThreadsOpt, progress_bar
+
+
+@command({"prefix_len": "--prefix"})
+def distill(
+    model_dir: Optional[str] = ModelOpt,
+    train_data: Optional[List[str]] = typer.Option(None, "--train", help="Training FASTA files or "
+                                                    "folders for the teacher cache."),
+    cache: Optional[str] = typer.Option(None, "--cache", help="Teacher-cache folder (built here "
+                                        "if it has no index.json)."),
+    out: Optional[str] = typer.Option(None, "-o", "--output", help="Drafter folder to write "
+                                      "(default MODEL/drafters/seed{SEED})."),
+    seed: int = typer.Option(0, "--seed", help="Drafter training seed."),
+    steps: int = typer.Option(3000, "--steps", help="Training steps."),
+    batch: int = typer.Option(64, "--batch", help="Anchors per step."),
+    gamma: int = typer.Option(12, "--gamma", help="Draft positions supervised per anchor."),
+    natural_windows: int = typer.Option(384, "--natural-windows", help="Natural windows in the "
+                                        "cache."),
+    onpolicy_windows: int = typer.Option(192, "--onpolicy-windows", help="Target-generated "
+                                         "windows."),
+    window: int = typer.Option(1024, "--window", help="Tokens per cached window."),
+    width: int = typer.Option(128, "--width", help="Drafter trunk width."),
+    layers: int = typer.Option(2, "--layers", help="Drafter trunk layers."),
+    prefix: int = typer.Option(64, "--prefix", help="Hidden-state prefix length P."),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Checkpoints and log "
+                                          "(resumable; default OUT.run)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda: where the target "
+                               "builds the cache and the drafter trains."),
+    threads: int = ThreadsOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Distil a DSpark drafter (parallel trunk + Markov head) from a target model."""
+    from ..api import set_threads
+    from ..bundled import default_model_dir
+    from ..train.distill import CacheConfig, DistillConfig, DistillTrainer, prepare_cache
+    from ..train.pretrain import checkpoint_step
+
+    target = Path(model_dir) if model_dir else default_model_dir()
+    cache_dir = Path(cache) if cache else target / "teacher_cache"
+    dest = Path(out) if out else target / "drafters" / f"seed{seed}"
+    cfg = DistillConfig(cache=str(cache_dir), out_dir=run_dir or f"{dest}.run", seed=seed,
+                        steps=steps, batch=batch, gamma=gamma, width=width, layers=layers,
+                        prefix_len=prefix, device=device)
+    cache_cfg = CacheConfig(target=str(target), out_dir=str(cache_dir),
+                            train=list(train_data or []), natural_windows=natural_windows,
+                            onpolicy_windows=onpolicy_windows, window=window, seed=0, device=device)
+    set_threads(threads)
+    prepare_cache(cache_cfg, log=lambda m: None if quiet else say(m))
+    trainer = DistillTrainer(cfg)
+    if trainer.resume():
+        say(f"evspark: resumed drafter training at step {trainer.step}")
+    with progress_bar(quiet, "distill") as prog:
+        task = prog.add_task("distill", total=steps, completed=trainer.step, note="")
+        try:
+            trainer.run(lambda st, tot, loss: prog.update(task, completed=st,
+                                                          note=f"loss={loss:.4f}"))
+        except KeyboardInterrupt:
+            ckpt = trainer.out / "ckpt.pt"
+            say(f"evspark: interrupted; rerun the same command to resume from {ckpt} "
+                f"(step {checkpoint_step(ckpt)})")
+            raise typer.Exit(130) from None
+    folder = trainer.export(dest)
+    say(f"evspark: wrote drafter {folder} ({trainer.step * batch * gamma:,} supervised positions)")

@@ -1,0 +1,116 @@
+"""`evspark score`: teacher-forced log-likelihood per record (eval/score.py).
+
+Rows are written as records finish, to OUTPUT.partial (renamed when every record is done): a
+record that fails is reported and skipped, and the others stay for `--resume`.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, List, Optional
+
+import typer
+
+from .app import command, debug_traceback, fail, first_line, say
+from .options import (
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    QuietOpt,
+    RegionOpt,
+    ShardOpt,
+    TailOpt,
+    ThreadsOpt,
+    progress_bar,
+)
+
+if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
+    from ..io.fasta import Prompt
+    from ..model.model import StripedHyena
+
+
+@command()
+def score(
+    inputs: List[str] = typer.Argument(..., metavar="INPUT...", help="FASTA files or '-'."),
+    model_dir: Optional[str] = ModelOpt,
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="TSV (default stdout)."),
+    logits: Optional[str] = typer.Option(None, "--logits", help="Also save fp32 logits of every "
+                                         "position (.safetensors, one tensor per record)."),
+    context: int = typer.Option(8192, "--context", help="Each scored base sees at least this "
+                                "many preceding bases (where the record has them)."),
+    window: int = typer.Option(8192, "--window", help="Bases scored per forward pass."),
+    region: Optional[List[str]] = RegionOpt,
+    prompt_tail: Optional[int] = TailOpt,
+    shard: Optional[str] = ShardOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    threads: int = ThreadsOpt,
+    quiet: bool = QuietOpt,
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from "
+                                "OUTPUT.partial (records already scored there are kept)."),
+) -> None:
+    """Teacher-forced log-likelihood per record: record_id, length, bits_per_nt.
+
+    Rows are written as records finish, to OUTPUT.partial (renamed when every record is done):
+    a record that fails is reported and skipped, and the others stay for `--resume`."""
+    from ..api import set_threads
+    from ..eval.score import check_score_windows
+    from ..io.fasta import read_prompts
+    from ..io.writers import check_distinct_outputs, check_output_path
+    from ..model.checkpoint import load_model
+
+    check_score_windows(context, window)
+    for path in (output, logits):
+        check_output_path(path)
+    check_distinct_outputs(inputs, [("--output", output), ("--logits", logits)])
+    prompts = read_prompts(inputs, region or None, prompt_tail, shard=shard)
+    set_threads(threads)
+    model = load_model(model_dir, device=device, dtype=dtype)
+    _score_all(model, prompts, context, window, output, logits, resume, quiet)
+
+
+def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window: int,
+               output: str | None, logits: str | None, resume: bool, quiet: bool) -> None:
+    import torch
+
+    from ..eval import score as scoring
+    from ..io.writers import StatsOutput
+    from ..model.tokenizer import tokenize_tensor
+
+    fmt = "jsonl" if output and output.lower().endswith(".jsonl") else "tsv"
+    saved: dict[str, torch.Tensor] = {}
+    failed: list[str] = []
+    with StatsOutput(output, scoring.SCORE_COLUMNS, resume=resume, fmt=fmt) as rows:
+        with progress_bar(quiet, "score") as prog:
+            task = prog.add_task("score", total=len(prompts), note="")
+            for p in prompts:
+                done = p.id in rows.done_ids
+                if done and not logits:  # resumed: its row is in the partial already
+                    prog.advance(task)
+                    continue
+                try:  # a resumed record is scored again only for its logits
+                    bpn, lg = scoring.score_sequence(model, tokenize_tensor(p.seq), context,
+                                                     window, keep_logits=bool(logits))
+                except Exception as e:  # noqa: BLE001 - one bad record must not sink the rest
+                    debug_traceback()
+                    say(f"evspark: error: record '{p.id}' failed: {first_line(e)}")
+                    failed.append(p.id)
+                    prog.advance(task)
+                    continue
+                if not done:
+                    rows.write({"record_id": p.id, "length": len(p.seq),
+                                "bits_per_nt": round(bpn, 4)})
+                if logits and lg is not None:
+                    saved[p.id] = lg
+                prog.advance(task)
+        if failed:
+            rows.close()
+            kept = f"kept in {rows.partial}; rerun with --resume" if rows.partial else "printed"
+            fail(f"{len(failed)} of {len(prompts)} records failed ({', '.join(failed[:5])}); "
+                 f"the others are {kept}", 1)
+        if logits:
+            from safetensors.torch import save_file
+
+            tmp = logits + ".tmp"
+            save_file({k: v.contiguous() for k, v in saved.items()}, tmp)
+            os.replace(tmp, logits)
+        rows.finish()
