@@ -2,11 +2,11 @@
 
 StripedHyena 2 has three classes of inference state (docs/state-protocol.md):
 
-| class       | held by                   | extend(k)                      | commit(j)               |
-|-------------|---------------------------|--------------------------------|-------------------------|
-| FIR window  | featurizer (K=3), SE, MR  | one buffer [window ; k inputs] | K-1 columns ending at j |
-| modal state | Hyena-LI, sigma (B, D, S) | all k states sigma_1..sigma_k  | pick sigma_j            |
-| KV cache    | attention, preallocated   | write rows t0..t0+k-1 per row  | length := t0 + j        |
+| class       | held by                   | extend(k)                     | commit(j)              |
+|-------------|---------------------------|-------------------------------|------------------------|
+| FIR window  | featurizer (K=3), SE, MR  | one buffer [window ; inputs]  | K-1 columns ending at j|
+| modal state | Hyena-LI, sigma (B, D, S) | all k states sigma_1..sigma_k | pick sigma_j           |
+| KV cache    | attention, preallocated   | write t0..t0+k-1 of each row  | length := t0 + j       |
 
 `model.extend(state, ids)` returns a :class:`Block` holding one *pending* object per layer. The
 pending objects keep exactly what the verification pass computed anyway, so
