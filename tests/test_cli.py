@@ -254,18 +254,23 @@ def _reference(tmp_path: Path, model: Path, src: Path, opts: list) -> tuple[byte
     return ref.read_bytes(), ref_stats.read_bytes()
 
 
+def _patch_prefill(monkeypatch, hook) -> None:
+    """Call hook(job) before each prompt's prefill: where a record first reaches the engine."""
+    from evspark_cli.decode.batch import BatchDecoder
+
+    real = BatchDecoder._prefilled
+
+    def patched(self, job):
+        hook(job)
+        return real(self, job)
+
+    monkeypatch.setattr(BatchDecoder, "_prefilled", patched)
+
+
 def _generated_ids(monkeypatch) -> list[str]:
     """Patch the engine so that the test sees which records a run actually generates."""
-    import evspark_cli.api as api
-
     seen: list[str] = []
-    real = api.continue_prompt
-
-    def spy(*a, **kw):
-        seen.append(kw["record_id"])
-        return real(*a, **kw)
-
-    monkeypatch.setattr(api, "continue_prompt", spy)
+    _patch_prefill(monkeypatch, lambda job: seen.append(job.label))
     return seen
 
 
@@ -282,23 +287,22 @@ def _check_resumed(out: Path, stats: Path, ref: bytes, ref_stats: bytes, n: int)
 
 
 def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, recs, monkeypatch):
-    import evspark_cli.api as api
+    from evspark_cli.decode.batch import BatchDecoder
 
     src = tmp_path / "in.fa"
     src.write_text(records_text(recs))
-    opts = ["-n", 6, "--seed", 5]
+    opts = ["-n", 6, "--seed", 5, "--batch-size", 1]  # one record at a time: r1, r2, then r3
     ref, ref_stats = _reference(tmp_path, model, src, opts)
     out, stats = tmp_path / "out.fa", tmp_path / "out.tsv"
 
-    real, calls = api.continue_prompt, []
+    real, calls = BatchDecoder._prefilled, []
 
-    def interrupt_third(*a, **kw):
-        calls.append(kw["record_id"])
+    def interrupt_third(job):
+        calls.append(job.label)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real(*a, **kw)
 
-    monkeypatch.setattr(api, "continue_prompt", interrupt_third)
+    _patch_prefill(monkeypatch, interrupt_third)
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 130 and "--resume" in r.err and "Traceback" not in r.err
     assert not out.exists() and not stats.exists()
@@ -306,7 +310,7 @@ def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, re
     assert len(Path(f"{stats}.partial").read_text().splitlines()) == 3
 
     # without --resume the partial is protected
-    monkeypatch.setattr(api, "continue_prompt", real)
+    monkeypatch.setattr(BatchDecoder, "_prefilled", real)
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 2 and "--resume" in r.err
     # settings that differ from the finished records' headers would mix two runs in one file
@@ -325,17 +329,17 @@ def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, re
 
 _KILLER = """
 import os, signal, sys, time
-import evspark_cli.api as api
+from evspark_cli.decode.batch import BatchDecoder
 from evspark_cli import cli
-real, calls, mode = api.continue_prompt, [], sys.argv[1]
-def patched(*a, **kw):
+real, calls, mode = BatchDecoder._prefilled, [], sys.argv[1]
+def patched(self, job):
     calls.append(1)
     if len(calls) == 3:
         if mode == "KILL":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(120)  # the parent sends SIGINT meanwhile
-    return real(*a, **kw)
-api.continue_prompt = patched
+    return real(self, job)
+BatchDecoder._prefilled = patched
 sys.argv = ["evspark"] + sys.argv[2:]
 cli.main()
 """
@@ -345,7 +349,7 @@ cli.main()
 def test_signal_then_resume_equals_uninterrupted(tmp_path, model, recs, monkeypatch, how):
     src = tmp_path / "in.fa"
     src.write_text(records_text(recs))
-    opts = ["-n", 6, "--seed", 5]
+    opts = ["-n", 6, "--seed", 5, "--batch-size", 1]
     ref, ref_stats = _reference(tmp_path, model, src, opts)
     out, stats = tmp_path / "out.fa", tmp_path / "out.tsv"
     partial = Path(f"{out}.partial")
@@ -410,22 +414,22 @@ def test_interrupt_between_the_fasta_and_stats_writes(tmp_path, model, recs, mon
     _check_resumed(out, stats, ref, ref_stats, 5)
 
 
-def test_one_failing_record_keeps_the_others(tmp_path, model, recs, monkeypatch):
-    import evspark_cli.api as api
+@pytest.mark.parametrize("batch", [1, 3])
+def test_one_failing_record_keeps_the_others(tmp_path, model, recs, monkeypatch, batch):
+    from evspark_cli.decode.batch import BatchDecoder
 
     src = tmp_path / "in.fa"
     src.write_text(records_text(recs))
-    opts = ["-n", 6, "--seed", 2]
+    opts = ["-n", 6, "--seed", 2, "--batch-size", batch]
     ref, _ = _reference(tmp_path, model, src, opts)
     out, stats = tmp_path / "out.fa", tmp_path / "out.tsv"
-    real = api.continue_prompt
+    real = BatchDecoder._prefilled
 
-    def faulty(*a, **kw):
-        if kw["record_id"] == "r2":
+    def faulty(job):
+        if job.label == "r2":
             raise RuntimeError("planted fault")
-        return real(*a, **kw)
 
-    monkeypatch.setattr(api, "continue_prompt", faulty)
+    _patch_prefill(monkeypatch, faulty)
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 1 and "Traceback" not in r.err
     assert "record 'r2' failed: planted fault" in r.err
@@ -433,13 +437,11 @@ def test_one_failing_record_keeps_the_others(tmp_path, model, recs, monkeypatch)
     assert not out.exists() and not stats.exists()
     assert list(split_fasta(Path(f"{out}.partial").read_text())) == ["r1", "r3", "r4", "r5"]
 
-    monkeypatch.setattr(api, "continue_prompt", real)
+    monkeypatch.setattr(BatchDecoder, "_prefilled", real)
     seen = _generated_ids(monkeypatch)
     ok(gen(model, src, "-o", out, "--stats", stats, "--resume", *opts))
     assert seen == ["r2"]
-    got, want = split_fasta(out.read_text()), split_fasta(ref.decode())
-    assert got == want  # every record identical to the clean run (r2 now comes last)
-    assert list(got) == ["r1", "r3", "r4", "r5", "r2"]
+    assert out.read_bytes() == ref  # the redone record is put back in its place
     assert sorted(ln.split("\t")[0] for ln in stats.read_text().splitlines()[1:]) == sorted(recs)
 
 

@@ -39,9 +39,13 @@ def first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
-def debug_traceback() -> None:
+def debug_traceback(error: BaseException | None = None) -> None:
+    """With EVSPARK_DEBUG set, the traceback of `error` (default: the one being handled)."""
     if os.environ.get("EVSPARK_DEBUG"):
-        traceback.print_exc()
+        if error is None:
+            traceback.print_exc()
+        else:
+            traceback.print_exception(error)
 
 
 def _message(e: Exception, options: Mapping[str, str]) -> str:

@@ -13,6 +13,7 @@ import typer
 
 from .app import command, debug_traceback, fail, first_line, say
 from .options import (
+    BatchSizeOpt,
     CompileOpt,
     DeviceOpt,
     DtypeOpt,
@@ -28,11 +29,8 @@ from .options import (
 )
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
-    from ..api import DecodeOptions
-    from ..decode.drafters.base import Drafter
-    from ..io.fasta import Prompt
     from ..io.writers import FastaOutput, StatsOutput
-    from ..model.model import StripedHyena
+    from ..runs import GenerationRun, JobOutcome, RunJob, RunSummary
 
 
 @command()
@@ -74,6 +72,7 @@ def generate(
                                 "OUTPUT.partial."),
     force_drafter: bool = typer.Option(False, "--force-drafter", help="Use a drafter distilled "
                                        "from another target anyway."),
+    batch_size: Optional[int] = BatchSizeOpt,
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
 ) -> None:
@@ -81,6 +80,7 @@ def generate(
     from ..api import DecodeOptions, drafter_name, model_and_drafter, set_threads
     from ..io.fasta import read_prompts
     from ..io.writers import check_distinct_outputs, check_output_path
+    from ..runs import GenerationRun, job_id, make_jobs, plan_batch
 
     options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k, top_p,
                             seed, samples, rollback)
@@ -98,8 +98,12 @@ def generate(
                 "top_k": str(sampler.top_k), "top_p": f"{sampler.top_p:g}", "seed": str(seed)}
     fasta, stat_out = _open_outputs(output, stats, line_width, resume,
                                     dict(settings, new_tokens=str(max_new_tokens)))
-    run = _Run(model, d, options, settings, include_prompt, compare_native)
-    run.all(prompts, fasta, stat_out, quiet)
+    with fasta, (stat_out if stat_out is not None else contextlib.nullcontext()):
+        jobs = make_jobs([(p.id, p.seq) for p in prompts], options, model, skip=fasta.done_ids)
+        run = GenerationRun(model, d, options, plan_batch(model, jobs, options, d, batch_size),
+                            compare_native)
+        order = [job_id(p.id, s, samples) for p in prompts for s in range(samples)]
+        _Writer(run, settings, include_prompt, fasta, stat_out).all(jobs, order, quiet)
 
 
 def _open_outputs(output: str | None, stats: str | None, line_width: int, resume: bool,
@@ -122,68 +126,76 @@ def _open_outputs(output: str | None, stats: str | None, line_width: int, resume
         raise
 
 
-class _Run:
-    """One generate run: every (record, sample) job through the engine, into the outputs."""
+class _Writer:
+    """Writes a run's outcomes in input order; on any early exit, the records that finished
+    out of order are written too (nothing finished is lost; `--resume` restores the order)."""
 
-    def __init__(self, model: StripedHyena, drafter: Drafter | None, options: DecodeOptions,
-                 settings: dict[str, str], include_prompt: bool, compare_native: bool) -> None:
-        self.model, self.drafter, self.options = model, drafter, options
-        self.settings = settings
-        self.include_prompt, self.compare_native = include_prompt, compare_native
+    def __init__(self, run: GenerationRun, settings: dict[str, str], include_prompt: bool,
+                 fasta: FastaOutput, stat_out: StatsOutput | None) -> None:
+        self.run, self.settings, self.include_prompt = run, settings, include_prompt
+        self.fasta, self.stat_out = fasta, stat_out
+        self.failed: list[str] = []
 
-    def all(self, prompts: list[Prompt], fasta: FastaOutput, stat_out: StatsOutput | None,
-            quiet: bool) -> None:
-        samples = self.options.samples
-        jobs = [(p, s) for p in prompts for s in range(samples)]
-        failed: list[str] = []
-        # both files are closed on any exit (an interrupt included): a leaked descriptor would
-        # keep its lock and make an in-process --resume fail with "another process is writing it"
-        with fasta, (stat_out if stat_out is not None else contextlib.nullcontext()):
-            with progress_bar(quiet, "generate") as prog:
-                task = prog.add_task("generate", total=len(jobs), note="")
-                for p, s in jobs:
-                    rid = f"{p.id}_s{s}" if samples > 1 else p.id
-                    if rid in fasta.done_ids:  # finished by the run this one resumes
-                        prog.advance(task)
-                        continue
-                    note = self.one(p, s, rid, fasta, stat_out)
-                    if note is None:
-                        failed.append(rid)
-                        prog.advance(task)
-                    else:
-                        prog.update(task, advance=1, note=note)
-            if failed:
-                if stat_out is not None:
-                    stat_out.close()
-                fail(f"{len(failed)} of {len(jobs)} records failed ({', '.join(failed[:5])}); the "
-                     f"others are kept in the .partial files; rerun with --resume", 1)
-            fasta.finish()
-            if stat_out is not None:
-                stat_out.finish()
+    def all(self, jobs: list[RunJob], order: list[str], quiet: bool) -> None:
+        """Write every job's outcome; `order`: every output id of the run (finished by an
+        earlier run or not) in input order, the order the final files get."""
+        total = len(jobs) * self.run.options.max_new_tokens
+        with progress_bar(quiet, "generate", unit="tokens") as prog:
+            task = prog.add_task("generate", total=total, note="")
+            self.run.on_round = lambda r: prog.advance(task, r.tokens)
+            try:
+                for o in self.run.outcomes(jobs):
+                    self.one(o)
+                    prog.update(task, note=f"tau={self.run.summary.tau:.2f}"
+                                if self.run.summary.tau else "")
+            except BaseException:
+                for o in sorted(getattr(self.run, "waiting", {}).values(),
+                                key=lambda o: o.run_job.job.index):
+                    self.one(o)
+                raise
+        if self.failed:
+            if self.stat_out is not None:
+                self.stat_out.close()
+            fail(f"{len(self.failed)} of {len(jobs)} records failed "
+                 f"({', '.join(self.failed[:5])}); the others are kept in the .partial files; "
+                 "rerun with --resume", 1)
+        self.fasta.finish(order)
+        if self.stat_out is not None:
+            self.stat_out.finish(order)
+        if not quiet:
+            say(summary_line(self.run.summary, len(jobs)))
 
-    def one(self, p: Prompt, sample: int, rid: str, fasta: FastaOutput,
-            stat_out: StatsOutput | None) -> str | None:
-        """Generate and write one job; a progress note (its tau), or None when it failed."""
-        from .. import api
+    def one(self, o: JobOutcome) -> None:
+        """Write one finished job (its stats row first), or report its failure."""
         from ..io.writers import fasta_letters
-        from ..model.tokenizer import tokenize
 
-        try:
-            out = api.continue_prompt(self.model, tokenize(p.seq), self.options, self.drafter,
-                                      record=api.record_key(p.id), sample=sample, record_id=rid,
-                                      compare_native=self.compare_native)
-        except Exception as e:  # noqa: BLE001 - one bad record must not sink the rest
-            debug_traceback()
-            say(f"evspark: error: record '{rid}' failed: {first_line(e)}")
-            return None
+        rid = o.run_job.id
+        if o.output is None:
+            assert o.error is not None
+            debug_traceback(o.error)
+            say(f"evspark: error: record '{rid}' failed: {first_line(o.error)}")
+            self.failed.append(rid)
+            return
+        out = o.output
         desc = " ".join(["evspark", *(f"{k}={v}" for k, v in self.settings.items()),
                          f"new_tokens={len(out.tokens)}"])
         text = fasta_letters(out.text)
         # stats row first: a record counts as done once it is in the FASTA, so an interrupt
         # between the two writes must not leave a done record without its row (a row without
         # its record is kept and not written twice on --resume)
-        if stat_out is not None and rid not in stat_out.done_ids:
-            stat_out.write(out.stats)
-        fasta.write(rid, desc, (p.seq + text) if self.include_prompt else text)
-        tau = out.stats.get("tau")
-        return f"tau={tau:.2f}" if tau else ""
+        if self.stat_out is not None and rid not in self.stat_out.done_ids:
+            self.stat_out.write(out.stats)
+        prompt = o.run_job.prompt
+        self.fasta.write(rid, desc, (prompt + text) if self.include_prompt and
+                         isinstance(prompt, str) else text)
+
+
+def summary_line(s: RunSummary, jobs: int) -> str:
+    """One line for the end of a run: what was done, how fast."""
+    parts = [f"evspark: generated {s.jobs - s.failed} of {jobs} sequences", f"{s.tokens} tokens",
+             f"{s.seconds:.1f} s", f"{s.tokens_per_s or 0:.0f} tokens/s", f"batch {s.batch_size}"]
+    if s.tau:
+        parts.append(f"tau {s.tau:.2f}")
+    if s.speedup:
+        parts.append(f"speedup {s.speedup:.2f}x over native decoding")
+    return ", ".join(parts)

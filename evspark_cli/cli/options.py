@@ -40,10 +40,14 @@ GraphsOpt = option(True, "--cuda-graphs/--no-cuda-graphs", help="On a GPU, repla
                    "steps and verification blocks from CUDA graphs (no effect on CPU).")
 GammaOpt = option(12, "--gamma", "-g", help="Draft length per round.")
 QuietOpt = option(False, "--quiet", "-q", help="No progress bar.")
+BatchSizeOpt = option(None, "--batch-size", "-b", help="Sequences decoded together (records x "
+                      "samples share the batch; finished ones are replaced as they end). Default: "
+                      "16 on a CPU, 32 on CUDA, fewer when memory is short. Output does not depend "
+                      "on it.")
 ThreadsOpt = option(0, "--threads", help="CPU threads for torch (0 = torch's default).")
 
 
-def progress_bar(quiet: bool, label: str) -> Any:
+def progress_bar(quiet: bool, label: str, unit: str = "") -> Any:
     """A rich progress bar on stderr when it is a terminal (and not --quiet), else silent."""
     from rich.console import Console
     from rich.progress import (

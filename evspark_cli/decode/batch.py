@@ -171,7 +171,11 @@ class BatchDecoder:
     def __init__(self, model: StripedHyena, sampler: SamplerConfig, drafter: Drafter | None,
                  gamma: int, batch_size: int = 1, rollback: str = "slice",
                  track_margins: bool = False,
-                 on_round: Callable[[RoundReport], None] | None = None) -> None:
+                 on_round: Callable[[RoundReport], None] | None = None,
+                 capacity: int | None = None) -> None:
+        """`capacity`: KV positions to reserve per row when the first batch is built (the run's
+        longest prompt + new tokens + a block), so the caches never grow mid-run; None grows
+        them by doubling as rows need."""
         if rollback not in ROLLBACKS:
             raise InputError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
         if batch_size < 1:
@@ -180,6 +184,7 @@ class BatchDecoder:
         self.gamma = gamma if drafter is not None else 0
         self.batch_size, self.rollback = batch_size, rollback
         self.track_margins = track_margins
+        self.capacity = capacity
         self.on_round = on_round
         self.mode = "speculative" if drafter is not None else "native"
         self.on_gpu = model.device.type != "cpu"
@@ -348,7 +353,7 @@ class BatchDecoder:
             pre = self._shared[1]
             return Prefilled(pre.state, pre.anchor, pre.hidden, 0.0)
         self._shared = None  # the previous record's prefill can go before this one is made
-        reserve = job.max_new_tokens + self.gamma + 16
+        reserve = job.max_new_tokens + self._slots(job) + 16  # rounds never draft more
         pre = prefill_prompt(self.model, job.prompt, reserve=reserve, keep_hidden=self.prefix)
         self._shared = ((job.rng.record, job.prompt), pre)
         return pre
@@ -361,8 +366,8 @@ class BatchDecoder:
             states.append(pre.state.select([0] * len(jobs)))
             hidden = pre.hidden_for(self.prefix)
             for i, j in enumerate(jobs):
-                rows.append(_Row(j, pre.anchor, self._fresh_result(pre.seconds if i == 0 else 0.0),
-                                 t_start))
+                first = pre.seconds if i == 0 else 0.0
+                rows.append(_Row(j, pre.anchor, self._fresh_result(first, j), t_start))
                 contexts.append(DraftContext(self.model, list(j.prompt), self.sampler, j.rng,
                                              hidden))
             slots.extend(group_slots)
@@ -370,6 +375,9 @@ class BatchDecoder:
         new_draft = self.drafter.rows(contexts) if self.drafter is not None else None
         if self.state is None:
             assert slots == list(range(len(rows)))
+            if self.capacity is not None:
+                for c in new_state.caches():
+                    c.reserve(self.capacity)
             self.state, self.rows, self.draft = new_state, rows, new_draft
             return
         self.state = self.state.place(slots, new_state)
@@ -391,9 +399,14 @@ class BatchDecoder:
         if self.draft is not None:
             self.draft.remove(slot)
 
-    def _fresh_result(self, prefill_s: float) -> DecodeResult:
-        return DecodeResult([], 0.0, self.mode, position_accepts=[0] * self.gamma,
-                            position_trials=[0] * self.gamma, prefill_s=prefill_s)
+    def _slots(self, job: Job) -> int:
+        """The most drafts a round of this job proposes (never past its last token)."""
+        return max(0, min(self.gamma, job.max_new_tokens - 1))
+
+    def _fresh_result(self, prefill_s: float, job: Job) -> DecodeResult:
+        width = self._slots(job)
+        return DecodeResult([], 0.0, self.mode, position_accepts=[0] * width,
+                            position_trials=[0] * width, prefill_s=prefill_s)
 
 
 def _same_prompt(job: Job | None, first: Job) -> bool:

@@ -217,8 +217,13 @@ class _PartialOutput:
             self._write_bytes(text.encode("utf-8"))
         self.done_ids.add(record_id)
 
-    def finish(self) -> None:
-        """Success: rename the partial onto OUTPUT (atomic on POSIX). Call it explicitly."""
+    def finish(self, order: Sequence[str] | None = None) -> None:
+        """Success: rename the partial onto OUTPUT (atomic on POSIX). Call it explicitly.
+
+        `order`: the record ids in the order the output should have them. Records written out
+        of that order (finished while an earlier one was still running when a run stopped, or
+        redone by `--resume` after a failure) are put back in it first, so a resumed run gives
+        the file an uninterrupted one would have."""
         if self._finished:
             return
         if self.path is None:
@@ -230,7 +235,10 @@ class _PartialOutput:
             raise ValueError("output is closed")
         try:
             os.fsync(self._fd)
-            os.replace(self.partial, self.path)
+            if order is not None and self._reorder(order):
+                os.unlink(self.partial)  # its records are in OUTPUT, in order
+            else:
+                os.replace(self.partial, self.path)
         except OSError as e:
             raise RunError(f"{self.path}: cannot move {self.partial} into place "
                            f"({e.strerror or e})") from None
@@ -245,6 +253,35 @@ class _PartialOutput:
                 os.close(dfd)
         except OSError:
             pass
+
+    def _reorder(self, order: Sequence[str]) -> bool:
+        """Write OUTPUT from the partial with its records in `order` (ids not in it keep their
+        place after those that are); False when they already are in that order."""
+        assert self.partial is not None and self.path is not None
+        with open(self.partial, "rb") as f:
+            data = f.read()
+        records = self._records(data)
+        rank = {rid: i for i, rid in enumerate(order)}
+        now = [rid for rid, _, _ in records]
+        wanted = sorted(now, key=lambda rid: (rank.get(rid, len(rank)), now.index(rid)))
+        if wanted == now:
+            return False
+        spans = {rid: data[a:b] for rid, a, b in records}
+        head = data[: records[0][1]] if records else data
+        tmp = f"{self.path}.ordered{PARTIAL_SUFFIX}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                     0o666)
+        try:
+            os.write(fd, head + b"".join(spans[rid] for rid in wanted))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        return True
+
+    def _records(self, data: bytes) -> list[tuple[str, int, int]]:
+        """(id, start, end) of every record in a complete partial's bytes, in file order."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Close without renaming (what happens on an exception): the partial stays for --resume."""
@@ -336,6 +373,12 @@ class FastaOutput(_PartialOutput):
             header = data[lines[k0][0] + 1: lines[k0][1]].decode("utf-8").split(None, 1)
             self.done_descriptions[rid] = header[1] if len(header) > 1 else ""
         return len(data), ids
+
+    def _records(self, data: bytes) -> list[tuple[str, int, int]]:
+        starts = [a for a, _b, _n in _split_lines(data) if data[a: a + 1] == b">"]
+        ends = starts[1:] + [len(data)]
+        return [(data[a + 1: data.index(b"\n", a)].split(None, 1)[0].decode("utf-8"), a, e)
+                for a, e in zip(starts, ends)]
 
     def _check_record(self, data: bytes, rec: list[tuple[int, int, bool]]
                       ) -> tuple[str | None, str]:
@@ -472,6 +515,15 @@ class StatsOutput(_PartialOutput):
             ids.append(str(row.get(self.id_column)))
         self.done_rows = rows
         return len(data), ids
+
+    def _records(self, data: bytes) -> list[tuple[str, int, int]]:
+        lines = _split_lines(data)[1 if self.format == "tsv" else 0:]
+        out = []
+        for a, b, _nl in lines:
+            row = self._parse_row(data[a:b])
+            assert row is not None, "a finished stats file has complete rows"
+            out.append((str(row.get(self.id_column)), a, b + 1))
+        return out
 
     def _parse_row(self, raw: bytes) -> dict[str, Any] | None:
         try:

@@ -261,9 +261,13 @@ class KVCache:
 
     def ensure(self, n: int) -> None:
         """Room for positions 0..n-1 in every row (doubling, so growth is amortised)."""
-        if n <= self.capacity:
+        if n > self.capacity:
+            self.reserve(max(n, 2 * self.capacity))
+
+    def reserve(self, cap: int) -> None:
+        """Exactly `cap` positions per row, when it holds fewer (one copy of the live rows)."""
+        if cap <= self.capacity:
             return
-        cap = max(n, 2 * self.capacity)
         for name in ("k", "v"):
             old = getattr(self, name)
             new = old.new_zeros(old.shape[0], old.shape[1], cap, old.shape[3])
