@@ -11,7 +11,8 @@ from .options import CompileOpt, ModelOpt, QuietOpt, ThreadsOpt
 
 # BenchConfig fields whose option has another name
 OPTIONS = {"new_tokens": "--max-new-tokens", "gamma_sweep": "--gammas", "depth_tokens": "--depth",
-           "rollback_modes": "--rollbacks", "out_dir": "--output"}
+           "rollback_modes": "--rollbacks", "out_dir": "--output",
+           "throughput_samples": "--samples", "throughput_records": "--n-prompts"}
 
 
 @command(OPTIONS)
@@ -39,13 +40,23 @@ def bench(
     rollbacks: Optional[str] = typer.Option(None, "--rollbacks", help="Comma list: "
                                             "slice,replay."),
     skip: Optional[str] = typer.Option(None, "--skip", help="Sections to skip: "
-                                       "tvd,gamma,context,depth."),
+                                       "speed,tvd,gamma,context,depth,throughput."),
     gammas: Optional[str] = typer.Option(None, "--gammas", help="Gamma sweep, e.g. "
                                          "1,2,4,8,12,16."),
     contexts: Optional[str] = typer.Option(None, "--contexts", help="Context sweep lengths, e.g. "
                                            "1024,8192,32768."),
     depth: Optional[int] = typer.Option(None, "--depth", help="Depth sweep: tokens of one long "
                                         "generation (0 = skip)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Throughput: "
+                                             "the headline batch size (default: the device's, "
+                                             "16 on a CPU)."),
+    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="Throughput: the "
+                                              "batch sizes to measure, e.g. 1,4,8,16,32."),
+    samples: Optional[int] = typer.Option(None, "--samples", help="Throughput: samples per "
+                                          "record (quick 4, full 8)."),
+    throughput_tokens: Optional[int] = typer.Option(None, "--throughput-tokens", help="Throughput: "
+                                                    "new tokens per sample (quick 64, full "
+                                                    "512)."),
     compile_cpu: bool = CompileOpt,
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
@@ -61,11 +72,16 @@ def bench(
     cfg = bench_config(preset, prompts, n_prompts=n_prompts, new_tokens=new_tokens, gamma=gamma,
                        seeds=seeds, context_genome=context_genome, baselines=baselines,
                        rollbacks=rollbacks, skip=skip, gammas=gammas, contexts=contexts,
-                       depth=depth)
+                       depth=depth, batch_sizes=batch_sizes, batch_size=batch_size,
+                       samples=samples, throughput_tokens=throughput_tokens)
     check_output_dir(out)
     model = load_model(model_dir, device="auto", compile=compile_cpu)
     drafters = bench_drafters(model, cfg, drafter)
     res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
                     log=(lambda m: None) if quiet else say)
     head = {k: round(v["summary"]["pooled_speedup"], 3) for k, v in res["speed"].items()}
-    print(json.dumps({"out": out, "pooled_speedup": head}, indent=1))
+    summary: dict = {"out": out, "pooled_speedup": head}
+    if res.get("throughput"):
+        summary["throughput_tokens_per_s"] = {k: v["tokens_per_s"] for k, v in
+                                              res["throughput"]["modes"].items()}
+    print(json.dumps(summary, indent=1))

@@ -49,6 +49,9 @@ def verify(
     compile_cpu: bool = CompileOpt,
     force_drafter: bool = typer.Option(False, "--force-drafter", help="Allow a mismatched "
                                        "drafter."),
+    batch_size: int = typer.Option(1, "--batch-size", "-b", help="Decode the prompts "
+                                   "speculatively in batches of this many rows, each compared "
+                                   "with its own single-stream native run."),
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
 ) -> None:
@@ -63,7 +66,7 @@ def verify(
     from ..io.writers import check_distinct_outputs, check_output_path, write_text_atomic
 
     options = VerifyOptions(DecodeOptions(max_new_tokens, gamma, top_k=1, rollback=rollback),
-                            tie_tolerance)
+                            tie_tolerance, batch_size)
     if report:
         check_output_path(report)
         check_distinct_outputs(inputs, [("--report", report)])
@@ -75,7 +78,8 @@ def verify(
                                  compile=compile_cpu)
     with progress_bar(quiet, "verify") as prog:
         task = prog.add_task("verify", total=len(prompts), note="")
-        result = verify_prompts(model, prompts, d, options, lambda row: prog.advance(task))
+        result = verify_prompts(model, prompts, d, options, lambda row: prog.advance(task),
+                                batch_size=options.batch_size)
     print("\n".join(result.table()))
     if report:
         write_text_atomic(report, json.dumps(result.report(), indent=1))

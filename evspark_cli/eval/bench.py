@@ -58,12 +58,21 @@ class BenchConfig:
     context_tokens: int = 128
     depth_tokens: int = 0  # 0 = skip the depth sweep
     depth_window: int = 1024
-    skip: list[str] = field(default_factory=list)  # sections not to run: tvd, gamma, context, depth
+    throughput_records: int = 8  # throughput: records x samples jobs of throughput_tokens each
+    throughput_samples: int = 4
+    throughput_tokens: int = 64
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
+    batch_size: int | None = None  # the headline batch (None: the device's default), measured too
+    skip: list[str] = field(default_factory=list)  # sections not to run (SECTIONS)
 
     def validate(self) -> BenchConfig:
         """Refuse values that cannot run, naming the setting (one line, before any work)."""
-        for name in ("n_prompts", "new_tokens", "gamma"):
+        for name in ("n_prompts", "new_tokens", "gamma", "throughput_records",
+                     "throughput_samples", "throughput_tokens"):
             at_least(name, getattr(self, name), 1)
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes) or (
+                self.batch_size is not None and self.batch_size < 1):
+            raise SettingError("{0} and {1} take integers >= 1", "batch_sizes", "batch_size")
         if any(g < 1 for g in self.gamma_sweep) or any(c < 1 for c in self.contexts):
             raise SettingError("{0} and {1} take integers >= 1", "gamma_sweep", "contexts")
         if any(x < 0 for x in self.seeds) or self.depth_tokens < 0:
@@ -77,15 +86,16 @@ class BenchConfig:
         return self
 
 
-SECTIONS = ("tvd", "gamma", "context", "depth")
-"""Sections after the speed table that `skip` can leave out."""
+SECTIONS = ("speed", "tvd", "gamma", "context", "depth", "throughput")
+"""Sections that `skip` can leave out."""
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "full": dict(n_prompts=48, new_tokens=1024, seeds=[0, 1, 2], repeats=1, tvd_prompts=24,
                  tvd_samples=32, tvd_tokens=48, gamma_sweep=[1, 2, 4, 8, 12, 16],
                  gamma_sweep_prompts=12, contexts=[1024, 8192, 32768, 131072, 262144],
-                 context_tokens=256, depth_tokens=32768),
+                 context_tokens=256, depth_tokens=32768, throughput_records=48,
+                 throughput_samples=8, throughput_tokens=512, batch_sizes=[1, 4, 8, 16, 32]),
 }
 
 
@@ -110,7 +120,9 @@ def bench_config(preset: str = "quick", prompts: str | None = None, *,
                  context_genome: str | None = None, baselines: str | None = None,
                  rollbacks: str | None = None, skip: str | None = None,
                  gammas: str | None = None, contexts: str | None = None,
-                 depth: int | None = None) -> BenchConfig:
+                 depth: int | None = None, batch_sizes: str | None = None,
+                 batch_size: int | None = None, samples: int | None = None,
+                 throughput_tokens: int | None = None) -> BenchConfig:
     """A preset with overrides, as `evspark bench` takes them (comma lists as text), checked.
 
     None keeps the preset's value; `baselines=""` means no baseline drafter.
@@ -119,8 +131,11 @@ def bench_config(preset: str = "quick", prompts: str | None = None, *,
         raise SettingError.of("preset", f"must be one of {', '.join(PRESETS)}, got {preset!r}")
     cfg = BenchConfig(prompts=str(prompts or default_prompts()), preset=preset,
                       **PRESETS[preset])
-    for name, value in (("n_prompts", n_prompts), ("new_tokens", new_tokens), ("gamma", gamma),
-                        ("depth_tokens", depth)):
+    for name, value in (("n_prompts", n_prompts), ("throughput_records", n_prompts),
+                        ("new_tokens", new_tokens), ("gamma", gamma),
+                        ("depth_tokens", depth), ("batch_size", batch_size),
+                        ("throughput_samples", samples),
+                        ("throughput_tokens", throughput_tokens)):
         if value is not None:
             setattr(cfg, name, value)
     if seeds:
@@ -134,6 +149,9 @@ def bench_config(preset: str = "quick", prompts: str | None = None, *,
                             "contexts")
     if gammas:
         cfg.gamma_sweep = _ints(gammas, not_ints)
+    if batch_sizes:
+        cfg.batch_sizes = _ints(batch_sizes, SettingError.of(
+            "batch_sizes", f"takes comma-separated integers, got {batch_sizes!r}"))
     if contexts:
         cfg.contexts = _ints(contexts, not_ints)
     if skip:
@@ -409,6 +427,22 @@ def time_to(res: DecodeResult, n: int) -> float:
     return res.wall_s
 
 
+def throughput(model: StripedHyena, drafter: Any, cfg: BenchConfig,
+               log: Callable[[str], None]) -> dict[str, Any]:
+    """Tokens/s by batch size, native and speculative, on records x samples (eval/throughput)."""
+    from ..runs import default_batch_size
+    from .throughput import ThroughputConfig, measure_throughput
+
+    headline = cfg.batch_size or default_batch_size(model.device)
+    sizes = sorted(set(cfg.batch_sizes) | {headline, 1})
+    prompts = read_prompts([cfg.prompts])[: cfg.throughput_records]
+    tcfg = ThroughputConfig(records=len(prompts), samples=cfg.throughput_samples,
+                            new_tokens=cfg.throughput_tokens, batch_sizes=sizes, gamma=cfg.gamma)
+    out = measure_throughput(model, prompts, drafter, tcfg, log)
+    out["headline_batch_size"] = headline
+    return out
+
+
 def bench_drafters(model: StripedHyena, cfg: BenchConfig, extra: list[str] | None = None
                    ) -> dict[str, Any]:
     ds: dict[str, Any] = {}
@@ -444,13 +478,14 @@ def run_bench(model: StripedHyena, cfg: BenchConfig, out_dir: str | Path, comman
                            "model": model.config.model_name, "parameters": model.num_parameters(),
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "drafters": list(drafters)}
-    res["speed"] = speed_and_greedy(model, prompts, drafters, cfg, log)
     skip = set(cfg.skip)
+    res["speed"] = {} if "speed" in skip else speed_and_greedy(model, prompts, drafters, cfg, log)
     res["sampled_losslessness"] = ({} if "tvd" in skip
                                    else sampled_losslessness(model, prompts, main, cfg, log))
     res["gamma_sweep"] = [] if "gamma" in skip else gamma_sweep(model, prompts, main, cfg, log)
     res["context_sweep"] = [] if "context" in skip else context_sweep(model, main, cfg, log)
     res["depth_sweep"] = {} if "depth" in skip else depth_sweep(model, prompts[0], main, cfg, log)
+    res["throughput"] = {} if "throughput" in skip else throughput(model, main, cfg, log)
     res["wall_s"] = time.time() - t0
     (out / "results.json").write_text(json.dumps(res, indent=1))
     from .report import write_report

@@ -31,6 +31,32 @@ def speed_table(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def throughput_table(t: dict[str, Any]) -> list[str]:
+    """The throughput section: tokens/s by decoder and batch size, and the ratios."""
+    if not t.get("modes"):
+        return []
+    c = t["config"]
+    L = ["", "## Throughput (batched decoding)", "",
+         f"{c['records']} records x {c['samples']} samples x {c['new_tokens']} new tokens "
+         f"(sampled, T=1, top-k 4, gamma {c['gamma']}); every mode on the same jobs, the modes "
+         f"interleaved slice by slice in one process; prefills included. Headline batch "
+         f"size: {t.get('headline_batch_size')}.", "",
+         "| decoder | batch | tokens/s | vs single-stream native | vs native at this batch | "
+         "tau | jobs whose tokens differ from batch 1 |",
+         "|---|---|---|---|---|---|---|"]
+    summ = t.get("summary", {})
+    for r in t["modes"].values():
+        ratios = summ.get(f"b{r['batch_size']}", {}) if r["decoder"] == "speculative" else {}
+        base = summ.get("native_single_tokens_per_s")
+        vs_single = (r["tokens_per_s"] / base) if base and r["tokens_per_s"] else None
+        same = ratios.get("vs_native_same_batch")
+        changed = r["jobs_changed_vs_batch_1"]
+        L.append(f"| {r['decoder']} | {r['batch_size']} | {_f(r['tokens_per_s'], 0)} | "
+                 f"{_f(vs_single)}x | {_f(same)}{'x' if same else ''} | {_f(r['tau'])} | "
+                 f"{'-' if changed is None else changed} |")
+    return L
+
+
 def write_report(res: dict[str, Any], out: Path) -> Path:
     m = res["machine"]
     L = [f"# EvSpark benchmark — {res['model']} ({res['parameters']:,} parameters)", "",
@@ -42,7 +68,7 @@ def write_report(res: dict[str, Any], out: Path) -> Path:
          f"{res['config']['new_tokens']} new tokens, gamma {res['config']['gamma']}; native and "
          "speculative decoding interleaved per prompt in one process (speedup = native time / "
          "speculative time, pooled = total / total).", "", "## Speed and greedy losslessness", ""]
-    L += speed_table(res)
+    L += speed_table(res) if res["speed"] else ["(skipped)"]
     L += ["", "Conditional acceptance per draft position (sampled, slice):", ""]
     for name, v in res["speed"].items():
         if "/sampled/slice" in name:
@@ -92,6 +118,7 @@ def write_report(res: dict[str, Any], out: Path) -> Path:
               "| tokens | speedup | tau | native tok/s |", "|---|---|---|---|"]
         L += [f"| {w.get('start_token', '')}-{w['end_token']} | {_f(w.get('speedup'))}x | "
               f"{_f(w['tau'])} | {_f(w.get('native_tok_s'), 0)} |" for w in d["windows"]]
+    L += throughput_table(res.get("throughput") or {})
     plots = _plots(res, out)
     L += [""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = out / "report.md"
@@ -106,15 +133,7 @@ def _save(plt: Any, fig: Any, path: Path) -> Path:
     return path
 
 
-def _plots(res: dict[str, Any], out: Path) -> list[Path]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    paths = []
+def _acceptance_plot(plt: Any, res: dict[str, Any], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, v in res["speed"].items():
         if "/sampled/slice" in name:
@@ -124,7 +143,20 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xlabel("draft position")
     ax.set_ylabel("conditional acceptance")
     ax.legend(fontsize=7)
-    paths.append(_save(plt, fig, out / "acceptance.png"))
+    return _save(plt, fig, out / "acceptance.png")
+
+
+def _plots(res: dict[str, Any], out: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    paths = []
+    if res["speed"]:
+        paths.append(_acceptance_plot(plt, res, out))
     if res.get("gamma_sweep"):
         fig, ax = plt.subplots(figsize=(5, 3.5))
         g = res["gamma_sweep"]
@@ -148,6 +180,19 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
         ax2.set_ylabel("native tokens/s")
         fig.legend(fontsize=7, loc="upper right")
         paths.append(_save(plt, fig, out / "context.png"))
+    modes = (res.get("throughput") or {}).get("modes") or {}
+    if modes:
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        for decoder, marker in (("native", "o"), ("speculative", "s")):
+            rows = sorted((r for r in modes.values() if r["decoder"] == decoder),
+                          key=lambda r: r["batch_size"])
+            ax.plot([r["batch_size"] for r in rows], [r["tokens_per_s"] or 0 for r in rows],
+                    marker=marker, label=decoder)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (rows)")
+        ax.set_ylabel("tokens/s")
+        ax.legend(fontsize=7)
+        paths.append(_save(plt, fig, out / "throughput.png"))
     depth = res.get("depth_sweep") or {}
     if depth.get("windows"):
         fig, ax = plt.subplots(figsize=(6, 3.5))

@@ -5,12 +5,15 @@ paths chose within floating-point noise); any other divergence means the engine 
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..api import DecodeOptions, drafter_name, record_key
+from ..decode.batch import BatchDecoder, DecodeResult, Job
 from ..decode.drafters.base import Drafter, RngKey
+from ..decode.native import decode_native
 from ..decode.sampling import SamplerConfig
 from ..errors import InputError, SettingError
 from ..io.fasta import Prompt
@@ -27,11 +30,15 @@ class VerifyOptions:
 
     decode: DecodeOptions
     tie_tolerance: float | None = None
+    batch_size: int = 1
 
     def __post_init__(self) -> None:
         t = self.tie_tolerance
         if t is not None and not t >= 0:
             raise SettingError.of("tie_tolerance", f"must be >= 0, got {t}")
+        b = self.batch_size
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise SettingError.of("batch_size", f"must be an integer >= 1, got {b!r}")
 
 
 @dataclass
@@ -40,6 +47,9 @@ class VerifyResult:
     gamma: int
     tie_tolerance: float
     rows: list[dict[str, Any]]
+    batch_size: int = 1
+    native_s: float = 0.0  # batched runs: all prompts' native time and the speculative batch's
+    spec_s: float = 0.0
 
     @property
     def ties(self) -> int:
@@ -57,30 +67,44 @@ class VerifyResult:
         for r in self.rows:
             div = "-" if r["divergence"] is None else str(r["divergence"])
             tie = "-" if r["divergence"] is None else ("yes" if r["tie"] else "NO")
+            speedup = "-" if r["speedup"] is None else f"{r['speedup']:.2f}"
             lines.append(f"{r['record_id']:<{w}} {r['compared']:>8} {div:>16} {tie:>5} "
-                         f"{r['tau']:>6.2f} {r['speedup']:>7.2f}")
+                         f"{r['tau']:>6.2f} {speedup:>7}")
         identical = sum(1 for r in self.rows if r["divergence"] is None)
+        batch = ""
+        if self.batch_size > 1:
+            ratio = self.native_s / self.spec_s if self.spec_s else 0.0
+            batch = (f" batch_size={self.batch_size} native_s={self.native_s:.2f} "
+                     f"speculative_s={self.spec_s:.2f} speedup={ratio:.2f}")
         lines.append(f"drafter={self.drafter} gamma={self.gamma} prompts={len(self.rows)} "
                      f"identical={identical} ties={self.ties} "
-                     f"non_tie_divergences={len(self.non_tie_divergences)}")
+                     f"non_tie_divergences={len(self.non_tie_divergences)}{batch}")
         return lines
 
     def report(self) -> dict[str, Any]:
         """The JSON report (`--report`)."""
         return {"drafter": self.drafter, "gamma": self.gamma,
-                "tie_tolerance": self.tie_tolerance, "rows": self.rows}
+                "tie_tolerance": self.tie_tolerance, "batch_size": self.batch_size,
+                "native_s": self.native_s, "speculative_s": self.spec_s, "rows": self.rows}
 
 
 def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Drafter | None,
                    options: VerifyOptions,
-                   on_prompt: Callable[[dict[str, Any]], None] | None = None) -> VerifyResult:
-    """Greedy native vs greedy speculative decoding of every prompt, compared token by token."""
+                   on_prompt: Callable[[dict[str, Any]], None] | None = None,
+                   batch_size: int = 1) -> VerifyResult:
+    """Greedy native vs greedy speculative decoding of every prompt, compared token by token.
+
+    With `batch_size` > 1 the speculative side decodes all prompts in batches of that many rows
+    and each is compared with its own single-stream native run: the batched engine is held to
+    the plain one-row reference."""
     if drafter is None:
         raise InputError("verify needs a drafter (not 'none')")
     tol = options.tie_tolerance
     if tol is None:
         tol = default_tie_tolerance(next(model.parameters()).dtype)
     opts = options.decode
+    if batch_size > 1:
+        return _verify_batched(model, prompts, drafter, opts, tol, batch_size, on_prompt)
     rows = []
     for p in prompts:
         key = RngKey(0, record_key(p.id), 0)
@@ -91,3 +115,31 @@ def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Draf
             if on_prompt is not None:
                 on_prompt(rows[-1])
     return VerifyResult(drafter_name(drafter), opts.gamma, tol, rows)
+
+
+def _verify_batched(model: StripedHyena, prompts: Sequence[Prompt], drafter: Drafter,
+                    opts: DecodeOptions, tol: float, batch_size: int,
+                    on_prompt: Callable[[dict[str, Any]], None] | None) -> VerifyResult:
+    """Every prompt natively, one at a time; then all speculatively, `batch_size` rows at once."""
+    jobs = [Job(i, tuple(p.seq.encode()), opts.max_new_tokens, RngKey(0, record_key(p.id), 0),
+                p.id) for i, p in enumerate(prompts)]
+    natives = [decode_native(model, list(j.prompt), j.max_new_tokens, GREEDY, j.rng, j.label,
+                             track_margins=True) for j in jobs]
+    t0 = time.perf_counter()
+    dec = BatchDecoder(model, GREEDY, drafter, opts.gamma, batch_size, opts.rollback)
+    spec: dict[int, DecodeResult] = {}
+    for o in dec.run(jobs):
+        if o.error is not None:
+            raise o.error
+        assert o.result is not None
+        spec[o.job.index] = o.result
+    spec_s = time.perf_counter() - t0
+    rows = []
+    for j, nat in zip(jobs, natives):
+        row = compare_greedy(j.label, nat, spec[j.index], tol)
+        row["speedup"] = None  # a row's latency in a batch is not its cost: see the summary
+        rows.append(row)
+        if on_prompt is not None:
+            on_prompt(row)
+    return VerifyResult(drafter_name(drafter), opts.gamma, tol, rows, batch_size,
+                        sum(n.wall_s for n in natives), spec_s)

@@ -1,0 +1,174 @@
+"""Batched generation as users run it: `generate --batch-size`, `verify --batch-size`,
+`bench`'s throughput section and `evs.generate_many`.
+
+The batch size changes speed, never output: the same seed writes the same FASTA (and the same
+stats but for timings) with any batch size, with samples, shards and resumed runs; a batch that
+cannot fit in memory is refused up front, naming the largest that fits.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_cli import gen, ok, records_text, split_fasta  # noqa: E402
+from tiny import phix_genome, run_cli, trained_tiny_dir  # noqa: E402
+
+TIMING = ("wall_s", "tokens_per_s", "native_wall_s", "native_tokens_per_s", "speedup")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    import torch
+
+    torch.set_num_threads(1)
+    return trained_tiny_dir(tmp_path_factory.mktemp("model"), steps=20)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    g = phix_genome()
+    recs = {f"r{i}": g[i * 700: i * 700 + n] for i, n in enumerate((3, 90, 47, 130, 33, 71, 12))}
+    path = tmp_path_factory.mktemp("in") / "in.fa"
+    path.write_text(records_text(recs))
+    return path
+
+
+def _stats_without_timings(path: Path) -> list[list[str]]:
+    lines = [ln.split("\t") for ln in path.read_text().splitlines()]
+    keep = [i for i, c in enumerate(lines[0]) if c not in TIMING]
+    return [[row[i] for i in keep] for row in lines]
+
+
+@pytest.mark.parametrize("extra", [[], ["--greedy"], ["--drafter", "none"],
+                                   ["--drafter", "identity", "--gamma", "3"]],
+                         ids=["kmer", "greedy", "native", "identity"])
+def test_batch_size_does_not_change_the_output(tmp_path, model, src, extra):
+    """Records x 3 samples of different lengths, batch sizes 1, 4 and 32: identical FASTA and
+    identical stats but for the timing columns."""
+    ref_fa, ref_tsv = None, None
+    for b in (1, 4, 32):
+        fa, tsv = tmp_path / f"b{b}.fa", tmp_path / f"b{b}.tsv"
+        ok(gen(model, src, "-n", 21, "--samples", 3, "--seed", 7, "--batch-size", b,
+               "-o", fa, "--stats", tsv, *extra))
+        if ref_fa is None:
+            ref_fa, ref_tsv = fa.read_bytes(), _stats_without_timings(tsv)
+            assert list(split_fasta(fa.read_text()))[:4] == ["r0_s0", "r0_s1", "r0_s2", "r1_s0"]
+            continue
+        assert fa.read_bytes() == ref_fa, b
+        assert _stats_without_timings(tsv) == ref_tsv, b
+
+
+def test_shards_of_a_batched_run_recombine(tmp_path, model, src):
+    whole = ok(gen(model, src, "-n", 9, "--samples", 2, "--batch-size", 5)).out
+    parts = [ok(gen(model, src, "-n", 9, "--samples", 2, "--batch-size", 3, "--shard",
+                    f"{i}/3")).out for i in (1, 2, 3)]
+    records = {}
+    for p in parts:
+        records.update(split_fasta(p))
+    assert "".join(records[k] for k in split_fasta(whole)) == whole
+
+
+def test_interrupted_batched_run_resumes_to_the_uninterrupted_file(tmp_path, model, src,
+                                                                   monkeypatch):
+    """An interrupt in the middle of a batched run keeps every finished record (those that
+    finished out of input order too); --resume redoes only the rest and the final file equals
+    an uninterrupted run byte for byte."""
+    from evspark_cli.decode.batch import BatchDecoder
+
+    opts = ["-n", 30, "--samples", 2, "--seed", 3, "--batch-size", 4]
+    ref = tmp_path / "ref.fa"
+    ok(gen(model, src, "-o", ref, *opts))
+    out = tmp_path / "out.fa"
+    real, rounds = BatchDecoder._round, []
+
+    def interrupt(self):
+        rounds.append(1)
+        if len(rounds) == 12:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(BatchDecoder, "_round", interrupt)
+    r = run_cli(gen(model, src, "-o", out, *opts))
+    assert r.code == 130 and "Traceback" not in r.err
+    done = list(split_fasta(Path(f"{out}.partial").read_text()))
+    assert 0 < len(done) < 14
+    monkeypatch.setattr(BatchDecoder, "_round", real)
+    ok(gen(model, src, "-o", out, "--resume", *opts))
+    assert out.read_bytes() == ref.read_bytes()
+
+
+def test_a_batch_that_does_not_fit_is_refused_naming_the_largest(tmp_path, model, src,
+                                                                 monkeypatch):
+    import re
+
+    monkeypatch.setenv("EVSPARK_MAX_MEMORY", "30M")  # the tiny model: ~0.8 MB of state per row
+    r = run_cli(gen(model, src, "-n", 3000, "--samples", 8, "--batch-size", 32))
+    err = r.err.strip().splitlines()
+    assert r.code == 2 and len(err) == 1, r.err
+    m = re.search(r"the largest batch that fits is (\d+) \(--batch-size \1\)", err[0])
+    assert m and 0 < int(m.group(1)) < 32, err[0]
+    # without --batch-size the device's default (16 on a CPU) shrinks to what fits instead
+    import evspark_cli as evs
+    from evspark_cli.api import DecodeOptions
+    from evspark_cli.runs import make_jobs, plan_batch
+
+    m_ = evs.load_model(model)
+    opts = DecodeOptions(3000, samples=8)
+    jobs = make_jobs([("r", "ACGT" * 30)], opts, m_)
+    assert plan_batch(m_, jobs, opts, None, None) == min(int(m.group(1)), 8)
+    monkeypatch.delenv("EVSPARK_MAX_MEMORY")
+    assert plan_batch(m_, jobs, opts, None, None) == 8  # no more rows than jobs
+
+
+def test_bad_batch_sizes_are_usage_errors(model, src):
+    for bad in ("0", "-3"):
+        r = run_cli(gen(model, src, "-n", 4, "--batch-size", bad))
+        assert r.code == 2 and "--batch-size" in r.err and len(r.err.strip().splitlines()) == 1
+
+
+def test_verify_batched_against_single_stream_native(tmp_path, model, src):
+    report = tmp_path / "v.json"
+    r = ok(["verify", src, "--model", model, "--drafter", "kmer", "-n", 24, "--gamma", 5,
+            "--batch-size", 3, "--threads", 1, "-q", "--report", report])
+    assert "non_tie_divergences=0" in r.out and "batch_size=3" in r.out
+    rep = json.loads(report.read_text())
+    assert rep["batch_size"] == 3 and len(rep["rows"]) == 7
+    assert all(row["divergence"] is None for row in rep["rows"])
+
+
+def test_generate_many_is_generate_for_each_prompt_and_sample(model):
+    import evspark_cli as evs
+
+    m = evs.load_model(model)
+    prompts = ["ACGTTAGCAGGCTTAC", "GGGCATTAGCAAT", "T"]
+    outs = evs.generate_many(m, prompts, samples=2, batch_size=3, max_new_tokens=17, gamma=4,
+                             drafter="kmer", seed=11)
+    assert len(outs) == 6
+    for i, p in enumerate(prompts):
+        for s in range(2):
+            want = evs.generate(m, p, max_new_tokens=17, gamma=4, drafter="kmer", seed=11,
+                                record=i, sample=s)
+            assert outs[2 * i + s].tokens == want.tokens, (i, s)
+    # a mapping keys records by id, as the command line does
+    by_id = evs.generate_many(m, {"a": prompts[0]}, max_new_tokens=5, drafter="kmer")
+    assert by_id[0].stats["record_id"] == "a"
+
+
+def test_bench_throughput_section(tmp_path, model, src):
+    out = tmp_path / "bench"
+    r = ok(["bench", "--model", model, "--prompts", src, "--skip",
+            "speed,tvd,gamma,context,depth", "--n-prompts", 3, "--samples", 2,
+            "--throughput-tokens", 12, "--batch-sizes", "1,4", "--batch-size", 2,
+            "--threads", 1, "-q", "-o", out])
+    res = json.loads((out / "results.json").read_text())["throughput"]
+    assert set(res["modes"]) == {f"{d}/b{b}" for d in ("native", "speculative") for b in (1, 2, 4)}
+    assert all(m["tokens"] == 3 * 2 * 12 for m in res["modes"].values())
+    assert all(m["jobs_changed_vs_batch_1"] == 0 for m in res["modes"].values()
+               if m["batch_size"] > 1)
+    assert res["headline_batch_size"] == 2
+    assert "## Throughput" in (out / "report.md").read_text()
+    assert json.loads(r.out)["throughput_tokens_per_s"]

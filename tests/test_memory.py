@@ -1,0 +1,72 @@
+"""Memory estimates from a config (model/memory.py): exact where they count what the engine holds,
+and the batch refusal that uses them."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine import CONFIGS
+
+from evspark_cli.errors import InputError
+from evspark_cli.model import memory
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_parameters_and_state_bytes_are_what_the_model_holds(make_model, name):
+    cfg = CONFIGS[name]
+    model = make_model(cfg)
+    held = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    assert memory.parameter_count(cfg) == held
+    nb = model.empty_state(1, capacity=1).nbytes()
+    assert memory.fixed_state_bytes(cfg) == nb["fixed"]
+    assert memory.kv_bytes_per_token(cfg, torch.float32) == nb["kv_per_token"]
+    assert memory.kv_bytes_per_token(cfg, torch.bfloat16) == nb["kv_per_token"] // 2
+
+
+def test_a_batch_at_a_context_costs_its_rows_state():
+    """The estimate grows by exactly one row's state (fixed + KV at the context) per row, and the
+    row's KV part is linear in the context."""
+    cfg = CONFIGS["stripe"]
+    a = memory.run_memory(cfg, torch.float32, torch.float32, 1000, 13, rows=4)
+    b = memory.run_memory(cfg, torch.float32, torch.float32, 2000, 13, rows=4)
+    kv = memory.kv_bytes_per_token(cfg, torch.float32)
+    assert a.per_row == memory.fixed_state_bytes(cfg) + 1000 * kv
+    assert b.per_row - a.per_row == 1000 * kv
+    assert a.total(5) - a.total(4) == a.per_row
+
+
+def test_largest_batch_is_the_boundary():
+    cfg = CONFIGS["mixed"]
+    f32 = torch.float32
+    for budget in (3 << 20, 50 << 20, 1 << 30):
+        n = memory.largest_batch(cfg, f32, f32, 8192, 13, budget)
+        est = lambda r: memory.run_memory(cfg, f32, f32, 8192, 13, r, False).total(r)  # noqa: E731
+        assert n == 0 or est(n) <= budget
+        assert est(n + 1) > budget
+
+
+def test_a_batch_that_does_not_fit_names_the_largest_that_does():
+    cfg = CONFIGS["stripe"]
+    f32 = torch.float32
+    budget = 200 << 20  # ~25 MB of KV per row at 100k tokens, ~85 MB of transients
+    n = memory.largest_batch(cfg, f32, f32, 100_000, 13, budget)
+    assert 0 < n < 64
+    memory.check_batch_fits(cfg, f32, f32, n, 100_000, 13, budget)  # fits: no error
+    with pytest.raises(InputError, match=rf"largest batch that fits is {n} \(--batch-size {n}\)"):
+        memory.check_batch_fits(cfg, f32, f32, 64, 100_000, 13, budget)
+    with pytest.raises(InputError, match="not even one row fits"):
+        memory.check_batch_fits(cfg, f32, f32, 1, 10**9, 13, budget)
+    memory.check_batch_fits(cfg, f32, f32, 10**6, 10**6, 13, None)  # nothing known: no check
+
+
+def test_sizes_and_the_memory_limit(monkeypatch):
+    assert memory.parse_size("512M") == 512 << 20
+    assert memory.parse_size("2.5GiB") == int(2.5 * (1 << 30))
+    assert memory.parse_size("1000") == 1000
+    for bad in ("lots", "-1G", "0"):
+        with pytest.raises(InputError):
+            memory.parse_size(bad)
+    monkeypatch.setenv("EVSPARK_MAX_MEMORY", "3M")
+    assert memory.available_bytes("cpu") == 3 << 20
+    monkeypatch.delenv("EVSPARK_MAX_MEMORY")
+    free = memory.available_bytes("cpu")
+    assert free is None or free > 3 << 20
