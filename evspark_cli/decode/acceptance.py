@@ -6,41 +6,18 @@ draw from normalize(max(p̃_m − q_m, 0)) (p̃_m when that has no mass), or, if
 emit a bonus draw from p̃_{γ+1}. The emitted tokens are then distributed exactly as native
 sampling from p̃ (equal in distribution, not sample by sample).
 
-Greedy is sampling's limit: with one-hot p̃ (the greedy sampler) and any q with q(d) ≤ 1,
-`accept_sampled` returns the same verdict as `accept_greedy`. A draft at the argmax has
+Greedy is sampling's limit: with one-hot p̃ (the greedy sampler) and any q with q(d) ≤ 1, the
+rule is the plain greedy one (accept while the draft is the argmax). A draft at the argmax has
 p̃(d) = 1 > u·q(d); any other draft has p̃(d) = 0, which no u·q(d) ≥ 0 is below; and the residual
 max(onehot − q, 0) is one-hot at the argmax (or empty, falling back to p̃, the same one-hot).
-
-Both functions read results back with a single device→host transfer per round.
+tests/rule_reference.py holds that greedy rule, and the tests hold `decide` to it.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from evspark_cli.decode.sampling import argmax_lowest, sample_from_probs
-
-__all__ = ["Verdict", "residual", "decide", "decide_rows", "accept_sampled", "accept_greedy"]
-
-
-@dataclass
-class Verdict:
-    """A round's outcome: drafts[:n_accepted] are committed, then next_token.
-
-    accepted_mask[k] is True for the committed drafts (a prefix: k < n_accepted); next_token is
-    the correction at the first rejection or the bonus token when all drafts were accepted.
-    """
-
-    n_accepted: int
-    next_token: int
-    accepted_mask: list[bool]
-
-    def tokens(self, drafts: Tensor | list[int]) -> list[int]:
-        """The tokens this round emits, in order (n_accepted + 1 of them)."""
-        head = drafts[: self.n_accepted]
-        return [int(t) for t in head] + [self.next_token]
+__all__ = ["residual", "decide", "decide_rows"]
 
 
 def residual(p: Tensor, q: Tensor) -> Tensor:
@@ -69,21 +46,6 @@ def _check_block(p: Tensor, q: Tensor, drafts: Tensor, u_accept: Tensor) -> int:
     if tuple(u_accept.shape) != (gamma,):
         raise ValueError(f"u_accept must have shape [{gamma}], got {tuple(u_accept.shape)}")
     return gamma
-
-
-def _leading_true(flags: Tensor) -> Tensor:
-    """Number of leading True values of a 1-d bool tensor (0-d long, stays on device)."""
-    return flags.to(torch.int64).cumprod(dim=0).sum()
-
-
-def _row(x: Tensor, index: Tensor) -> Tensor:
-    """x[index] for a 0-d index tensor, without a device→host sync."""
-    return x.index_select(0, index.reshape(1)).squeeze(0)
-
-
-def _verdict(n: Tensor, token: Tensor, gamma: int) -> Verdict:
-    n_accepted, next_token = torch.stack([n, token.to(torch.int64)]).tolist()
-    return Verdict(n_accepted, next_token, [k < n_accepted for k in range(gamma)])
 
 
 def decide(p: Tensor, q: Tensor, drafts: Tensor, u_accept: Tensor) -> tuple[Tensor, Tensor]:
@@ -132,33 +94,3 @@ def decide_rows(p: Tensor, q: Tensor, drafts: Tensor, u_accept: Tensor, gammas: 
     m = torch.minimum(n, (g - 1).clamp(min=0))
     qm = q[rows, m] if G else torch.zeros_like(bonus)
     return n, torch.where((n == g)[:, None], bonus, residual(p[rows, m], qm))
-
-
-def accept_sampled(
-    p: Tensor, q: Tensor, drafts: Tensor, u_accept: Tensor, u_next: float | Tensor
-) -> Verdict:
-    """Verify a sampled draft block losslessly.
-
-    p: [γ+1, V] target sampler probabilities (p̃ at each draft position plus one more);
-    q: [γ, V] the exact distributions the drafts were drawn from; u_accept: [γ] uniforms for the
-    accept tests; u_next: the uniform for the correction or bonus draw.
-    """
-    n, dist = decide(p, q, drafts, u_accept)
-    return _verdict(n, sample_from_probs(dist, u_next), drafts.shape[0])
-
-
-def accept_greedy(target: Tensor, drafts: Tensor) -> Verdict:
-    """Verify a block under greedy decoding: accept while d_k = argmax of target row k.
-
-    target: [γ+1, V] logits or greedy probabilities (same argmax, lowest index on ties). The next
-    token is the argmax at the first mismatch, or at row γ (bonus) when all drafts match.
-    """
-    if drafts.dim() != 1 or drafts.is_floating_point():
-        raise ValueError("drafts must be a 1-d integer tensor")
-    gamma = drafts.shape[0]
-    if target.dim() != 2 or target.shape[0] != gamma + 1:
-        raise ValueError(f"target must have shape [γ+1, V] = [{gamma + 1}, V], "
-                         f"got {tuple(target.shape)}")
-    best = argmax_lowest(target)
-    n = _leading_true(drafts.to(torch.int64) == best[:gamma])
-    return _verdict(n, _row(best, n), gamma)

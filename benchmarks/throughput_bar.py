@@ -1,0 +1,237 @@
+"""Batched throughput on a CPU, end to end: the figures of docs/performance.md's throughput rows.
+
+    python benchmarks/throughput_bar.py --out benchmarks/results/throughput.json
+    python benchmarks/throughput_bar.py --quick --out /tmp/t.json      # a smoke run, minutes
+
+Four measurements, each side by side in one run on this machine:
+1. batch-size sweep (a slice of the workload): tokens/s of batched native and speculative
+   decoding at each batch size; the best speculative batch is the CPU default's evidence;
+2. the workload (48 shared prompts x 8 samples x 512 new tokens, sampled T=1 top-k 4) at one
+   batch size: batched speculative vs single-stream native and vs batched native, the modes
+   interleaved slice by slice (eval/throughput.py);
+3. `--samples 8` from one long prompt (65,536 bases cut from a genome): the whole
+   `evspark generate` command, batched, against 8 separate single-stream native commands;
+4. peak memory (max RSS of a whole `evspark generate` process) at the default batch for
+   1k, 8k and 65k-base prompts;
+plus 5. single-stream speed against an earlier commit (`--baseline-rev`): `evs.generate` on the
+same prompts and seeds in both trees, alternating, with the tokens compared.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("EVSPARK_SHARED", ROOT.parent / "shared"))
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def timed_command(cmd: list[str], env: dict | None = None) -> tuple[float, float, int]:
+    """(wall seconds, peak RSS MiB, exit code) of one whole command (its own process)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    err = p.stderr.read().decode() if p.stderr else ""
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise RuntimeError(f"{' '.join(cmd)} -> {code}: {err[-500:]}")
+    return wall, usage.ru_maxrss / 1024, code
+
+
+def sweep_and_workload(args, log) -> dict:
+    import torch
+
+    from evspark_cli.api import resolve_drafter
+    from evspark_cli.eval.throughput import ThroughputConfig, measure_throughput
+    from evspark_cli.io.fasta import read_prompts
+    from evspark_cli.model.checkpoint import load_model
+
+    torch.set_num_threads(args.threads)
+    model = load_model(None)
+    drafter = resolve_drafter(model, "auto")
+    prompts = read_prompts([str(args.prompts)])
+    out: dict = {}
+    sizes = [int(x) for x in args.sweep.split(",")]
+    scfg = ThroughputConfig(records=args.sweep_records, samples=args.samples,
+                            new_tokens=args.sweep_tokens, batch_sizes=sizes, gamma=12,
+                            slices=args.sweep_records // 4 or 1)
+    out["sweep"] = measure_throughput(model, prompts, drafter, scfg, log)
+    spec = {r["batch_size"]: r["tokens_per_s"] for r in out["sweep"]["modes"].values()
+            if r["decoder"] == "speculative"}
+    best = max(spec, key=spec.get)
+    out["sweep"]["best_speculative_batch"] = best
+    batch = args.batch or best
+    wcfg = ThroughputConfig(records=args.records, samples=args.samples,
+                            new_tokens=args.tokens, batch_sizes=[1, batch], gamma=12,
+                            slices=args.slices)
+    out["workload"] = measure_throughput(model, prompts, drafter, wcfg, log)
+    out["workload"]["batch_size"] = batch
+    return out
+
+
+def long_prompt_samples(args, log) -> dict:
+    """`generate --samples 8` from one long prompt vs 8 single-stream native commands."""
+    from evspark_cli.io.fasta import read_prompts
+
+    genome = read_prompts([str(args.genome)])[0].seq
+    tmp = Path(tempfile.mkdtemp())
+    fa = tmp / "long.fa"
+    fa.write_text(f">long\n{genome[: args.long_context]}\n")
+    evspark = [sys.executable, "-m", "evspark_cli.cli"]
+    common = ["-n", str(args.long_tokens), "--threads", str(args.threads), "-q"]
+    batched_cmd = evspark + ["generate", str(fa), "--samples", "8", "-o", str(tmp / "b.fa"),
+                             *common]
+    wall_b, rss_b, _ = timed_command(batched_cmd)
+    log(f"samples 8 batched: {wall_b:.1f} s, peak RSS {rss_b:.0f} MiB")
+    natives = []
+    for s in range(8):
+        cmd = evspark + ["generate", str(fa), "--drafter", "none", "--batch-size", "1",
+                         "--seed", str(s), "-o", str(tmp / f"n{s}.fa"), *common]
+        natives.append(timed_command(cmd)[0])
+        log(f"native run {s + 1}/8: {natives[-1]:.1f} s")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {"context": args.long_context, "new_tokens": args.long_tokens,
+            "batched_command": " ".join(batched_cmd[2:]), "batched_wall_s": round(wall_b, 2),
+            "batched_peak_rss_mib": round(rss_b),
+            "native_runs_wall_s": [round(x, 2) for x in natives],
+            "native_total_wall_s": round(sum(natives), 2),
+            "speedup": round(sum(natives) / wall_b, 3)}
+
+
+def peak_memory(args, log) -> list[dict]:
+    """Max RSS of `generate` at the default batch (its rows all prompts of one length)."""
+    from evspark_cli.io.fasta import read_prompts
+
+    genome = read_prompts([str(args.genome)])[0].seq
+    out = []
+    for L in (1024, 8192, 65536):
+        tmp = Path(tempfile.mkdtemp())
+        fa = tmp / "p.fa"
+        fa.write_text(f">ctx{L}\n{genome[:L]}\n")
+        cmd = [sys.executable, "-m", "evspark_cli.cli", "generate", str(fa), "--samples",
+               str(args.memory_rows), "-n", "64", "--threads", str(args.threads), "-q", "-o",
+               str(tmp / "o.fa")]
+        wall, rss, _ = timed_command(cmd)
+        out.append({"context": L, "rows": args.memory_rows, "peak_rss_mib": round(rss),
+                    "wall_s": round(wall, 2)})
+        log(f"memory at {L}: {rss:.0f} MiB")
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+_SINGLE = """
+import json, sys, time, torch
+import evspark_cli as evs
+from evspark_cli.io.fasta import read_prompts
+torch.set_num_threads(int(sys.argv[3]))
+m = evs.load_model()
+ps = read_prompts([sys.argv[1]])[: int(sys.argv[2])]
+toks, t = [], 0.0
+for i, p in enumerate(ps):
+    t0 = time.perf_counter()
+    out = evs.generate(m, p.seq, max_new_tokens=int(sys.argv[4]), seed=i, record=i)
+    t += time.perf_counter() - t0
+    toks.append(out.tokens)
+print(json.dumps({"seconds": t, "tokens": toks}))
+"""
+
+
+def single_stream_vs_baseline(args, log) -> dict:
+    """`evs.generate` (batch of one) in this tree and in `--baseline-rev`, alternating."""
+    tmp = Path(tempfile.mkdtemp())
+    base = tmp / "baseline"
+    base.mkdir()
+    subprocess.run(f"git archive {args.baseline_rev} | tar -x -C {base}", shell=True, cwd=ROOT,
+                   check=True, executable="/bin/bash")
+    trees = {"this": ROOT, "baseline": base}
+    times: dict[str, list[float]] = {k: [] for k in trees}
+    tokens: dict[str, list] = {}
+    for r in range(args.rounds):
+        for name, tree in (trees.items() if r % 2 == 0 else reversed(list(trees.items()))):
+            env = dict(os.environ, PYTHONPATH=str(tree))
+            res = subprocess.run([sys.executable, "-c", _SINGLE, str(args.prompts),
+                                  str(args.single_prompts), str(args.threads),
+                                  str(args.single_tokens)], env=env, cwd=tmp,
+                                 capture_output=True, text=True, check=True)
+            got = json.loads(res.stdout.strip().splitlines()[-1])
+            times[name].append(got["seconds"])
+            tokens[name] = got["tokens"]
+            log(f"single-stream {name} round {r + 1}: {got['seconds']:.1f} s")
+    shutil.rmtree(tmp, ignore_errors=True)
+    n = args.single_prompts * args.single_tokens
+    return {"baseline_rev": git("rev-parse", args.baseline_rev), "prompts": args.single_prompts,
+            "new_tokens": args.single_tokens, "rounds": args.rounds,
+            "seconds": times, "tokens_per_s": {k: round(n / statistics.median(v), 1)
+                                               for k, v in times.items()},
+            "ratio_this_over_baseline": round(statistics.median(times["baseline"])
+                                              / statistics.median(times["this"]), 3),
+            "same_tokens": tokens["this"] == tokens["baseline"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    ap.add_argument("--prompts", default=str(SHARED / "data" / "prompts.fa"))
+    ap.add_argument("--genome", default=str(SHARED / "data" / "valid" / "ecoli_536.fa.gz"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--records", type=int, default=48)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--slices", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=0, help="workload batch (0: the sweep's best)")
+    ap.add_argument("--sweep", default="1,2,4,8,12,16,24,32,48")
+    ap.add_argument("--sweep-records", type=int, default=12)
+    ap.add_argument("--sweep-tokens", type=int, default=256)
+    ap.add_argument("--long-context", type=int, default=65536)
+    ap.add_argument("--long-tokens", type=int, default=512)
+    ap.add_argument("--memory-rows", type=int, default=16)
+    ap.add_argument("--baseline-rev", default="")
+    ap.add_argument("--single-prompts", type=int, default=12)
+    ap.add_argument("--single-tokens", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--parts", default="sweep,long,memory,single")
+    a = ap.parse_args()
+    if a.quick:
+        a.records, a.samples, a.tokens, a.slices = 4, 2, 32, 2
+        a.sweep, a.sweep_records, a.sweep_tokens = "1,4", 4, 24
+        a.long_context, a.long_tokens, a.memory_rows = 2048, 16, 4
+        a.single_prompts, a.single_tokens, a.rounds = 2, 16, 2
+    parts = set(a.parts.split(","))
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    res: dict = {"provenance": {
+        "commit": git("rev-parse", "HEAD"), "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                  time.gmtime()),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "platform": platform.platform()},
+        "command": " ".join(["python", "benchmarks/throughput_bar.py", *sys.argv[1:]])}}
+    t0 = time.time()
+    if "sweep" in parts:
+        res.update(sweep_and_workload(a, log))
+    if "long" in parts:
+        res["samples_from_long_prompt"] = long_prompt_samples(a, log)
+    if "memory" in parts:
+        res["peak_memory"] = peak_memory(a, log)
+    if "single" in parts and a.baseline_rev:
+        res["single_stream"] = single_stream_vs_baseline(a, log)
+    res["wall_s"] = round(time.time() - t0)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    log(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
