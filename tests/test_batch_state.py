@@ -19,7 +19,8 @@ def models(make_model):
     return {name: make_model(cfg, seed=i) for i, (name, cfg) in enumerate(CONFIGS.items())}
 
 
-PROMPTS = (3, 17, 40, 9)  # rows start at different positions
+PROMPTS = (3, 17, 40, 9)  # rows at different positions, near each other (one attention call)
+FAR = (3, 17, 140, 9)  # and far apart (each row attends alone: state.RAGGED_SPREAD)
 ROUNDS = ((1, (1, 1, 1, 1)), (5, (2, 5, 1, 3)), (13, (13, 1, 7, 4)), (1, (1, 1, 1, 1)),
           (4, (4, 2, 3, 1)), (2, (1, 2, 2, 1)))  # (block length k, commit j per row)
 
@@ -28,11 +29,11 @@ def _tokens(b: int, n: int) -> torch.Tensor:
     return rand_ids(n, seed=100 + b)
 
 
-def _single_row_run(model, b: int, reserve: int):
+def _single_row_run(model, b: int, reserve: int, prompts=PROMPTS):
     """Row b alone: its prompt prefilled, then the rounds' blocks, committing that row's j."""
-    seq = _tokens(b, PROMPTS[b] + 40)
-    _, _, st = model.prefill(seq[:, : PROMPTS[b]], reserve=reserve)
-    pos, logits = PROMPTS[b], []
+    seq = _tokens(b, prompts[b] + 40)
+    _, _, st = model.prefill(seq[:, : prompts[b]], reserve=reserve)
+    pos, logits = prompts[b], []
     for k, js in ROUNDS:
         lg, _, blk = model.extend(st, seq[:, pos: pos + k])
         logits.append(lg)
@@ -41,12 +42,12 @@ def _single_row_run(model, b: int, reserve: int):
     return logits, st
 
 
-def _batch_run(model, reserve: int, poisoned: bool = False):
-    seqs = [_tokens(b, PROMPTS[b] + 40) for b in range(len(PROMPTS))]
-    rows = [model.prefill(s[:, :n], reserve=reserve)[2] for s, n in zip(seqs, PROMPTS)]
+def _batch_run(model, reserve: int, poisoned: bool = False, prompts=PROMPTS):
+    seqs = [_tokens(b, prompts[b] + 40) for b in range(len(prompts))]
+    rows = [model.prefill(s[:, :n], reserve=reserve)[2] for s, n in zip(seqs, prompts)]
     st = InferenceState.cat(rows)
-    assert st.lengths == PROMPTS
-    pos, logits, hits = list(PROMPTS), [], 0
+    assert st.lengths == prompts
+    pos, logits, hits = list(prompts), [], 0
     for k, js in ROUNDS:
         if poisoned:
             hits += poison(st)
@@ -59,15 +60,16 @@ def _batch_run(model, reserve: int, poisoned: bool = False):
     return logits, st, hits
 
 
+@pytest.mark.parametrize("prompts", [PROMPTS, FAR], ids=["near", "far"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 @torch.no_grad()
-def test_ragged_rows_equal_single_rows(models, name):
+def test_ragged_rows_equal_single_rows(models, name, prompts):
     """Rows at different positions committing different prefixes (one block, one commit per
     row) give each row's single-row logits and state; KV caches grow on the way (reserve 2)."""
     model = models[name]
-    logits, st, _ = _batch_run(model, reserve=2)
-    for b in range(len(PROMPTS)):
-        want, st1 = _single_row_run(model, b, reserve=2)
+    logits, st, _ = _batch_run(model, reserve=2, prompts=prompts)
+    for b in range(len(prompts)):
+        want, st1 = _single_row_run(model, b, reserve=2, prompts=prompts)
         for r, (got, ref) in enumerate(zip(logits, want)):
             close(got[b: b + 1], ref, what=f"row {b} round {r}", scaled=True)
         mine = st.select([b]).tensors()
@@ -75,14 +77,15 @@ def test_ragged_rows_equal_single_rows(models, name):
             close(mine[nm], t, what=f"row {b} state {nm}", scaled=True)
 
 
+@pytest.mark.parametrize("prompts", [PROMPTS, FAR], ids=["near", "far"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 @torch.no_grad()
-def test_ragged_rows_never_read_scratch(models, name):
+def test_ragged_rows_never_read_scratch(models, name, prompts):
     """NaN in every byte outside each row's live state (its KV rows past its length included)
     changes nothing: no row reads another row's positions or its own unwritten ones."""
     model = models[name]
-    clean, _, _ = _batch_run(model, reserve=8)
-    dirty, _, hits = _batch_run(model, reserve=8, poisoned=True)
+    clean, _, _ = _batch_run(model, reserve=8, prompts=prompts)
+    dirty, _, hits = _batch_run(model, reserve=8, poisoned=True, prompts=prompts)
     assert hits > 0
     for r, (a, b) in enumerate(zip(dirty, clean)):
         assert torch.isfinite(a).all(), f"round {r} read poisoned scratch"
@@ -215,17 +218,19 @@ def test_recorded_static_form_takes_ragged_rows(models, name):
 
 
 @pytest.mark.parametrize("k", [1, 13])
-@pytest.mark.parametrize("low", [False, True])
+@pytest.mark.parametrize("spread", ["near", "far", "low"])
 @torch.no_grad()
-def test_ragged_attention_past_long_prefix(k, low):
-    """Rows at different positions past the split threshold (the mask-free flash pass over the
-    keys every row has, then a masked pass over the rest): each row equals its own attention."""
+def test_ragged_attention_past_long_prefix(k, spread):
+    """Rows at different positions past the split threshold: near each other (the mask-free
+    flash pass over the keys every row has, then a masked pass over the rest), far apart or one
+    below the threshold (each row alone): each row equals its own attention."""
     from evspark_cli.model import attention
     from evspark_cli.model.state import KVCache
 
     g = torch.Generator().manual_seed(k)
     split = attention.SPLIT_MIN_PREFIX
-    t0 = (split + 5, split + 40, 300 if low else split + 400)  # low: one row below the split
+    t0 = {"near": (split + 5, split + 40, split + 20), "far": (split + 5, split + 40, split + 400),
+          "low": (split + 5, split + 40, 300)}[spread]
     cap = max(t0) + k
     keys = torch.randn(3, 2, cap, 16, generator=g)
     vals = torch.randn(3, 2, cap, 16, generator=g)

@@ -9,7 +9,15 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .layers import Derived, ResidualBlock, linear
-from .state import KVCache, KVPending, KVState, Lengths, positions_index, same_position
+from .state import (
+    KVCache,
+    KVPending,
+    KVState,
+    Lengths,
+    positions_index,
+    ragged_batched,
+    same_position,
+)
 
 QUERY_CHUNK = 1024  # long prefill chunks attend in slices of queries to bound the score matrix
 
@@ -120,12 +128,26 @@ class AttentionBlock(ResidualBlock):
 
 def attend_block(q: Tensor, cache: KVCache, t0: Lengths) -> Tensor:
     """Queries of row b at positions t0[b]..t0[b]+k-1 over that row's keys 0..t0[b]+k-1 (causal
-    inside the block); rows at different positions mask the keys a row has not written."""
-    k = q.shape[2]
-    if not same_position(t0):
+    inside the block).
+
+    Rows at different positions: when they are close (`RAGGED_SPREAD`), one call attends over
+    the furthest row's keys with the keys a row has not written masked; when they are far apart
+    (prompts of very different lengths), each row attends to its own keys alone, which costs
+    what the rows need rather than every row the longest row's keys."""
+    if same_position(t0):
+        t = t0[0]
+        k = q.shape[2]
+        return attend(q, cache.k[:, :, : t + k], cache.v[:, :, : t + k], t)
+    if ragged_batched(t0):
         return _attend_ragged(q, cache, t0)
-    t = t0[0]
-    keys, vals = cache.k[:, :, : t + k], cache.v[:, :, : t + k]
+    k = q.shape[2]
+    return torch.cat([attend(q[b: b + 1], cache.k[b: b + 1, :, : t + k],
+                             cache.v[b: b + 1, :, : t + k], t) for b, t in enumerate(t0)])
+
+
+def attend(q: Tensor, keys: Tensor, vals: Tensor, t: int) -> Tensor:
+    """Queries at positions t..t+k-1 over keys 0..t+k-1 (rows all at position t)."""
+    k = q.shape[2]
     if k == 1:
         return F.scaled_dot_product_attention(q, keys, vals)
     if t >= SPLIT_MIN_PREFIX and _flash_lse is not None and q.device.type == "cpu":
@@ -157,7 +179,7 @@ def ragged_mask(t0: Lengths, k: int, first_key: int, n_keys: int, dtype: torch.d
 
 
 def _attend_ragged(q: Tensor, cache: KVCache, t0: Lengths) -> Tensor:
-    """Attention for rows at different positions (a batch after speculative rounds).
+    """One attention call for rows at nearby positions (a batch after speculative rounds).
 
     Keys before the earliest row's block (every row has written them) need no mask; with a long
     such prefix on CPU they go through the mask-free flash kernel and only the few keys after it

@@ -285,13 +285,14 @@ class KVCache:
             b, pos = positions_index(t0, n, k.device)
             self.k[b, :, pos] = k.transpose(1, 2)
             self.v[b, :, pos] = v.transpose(1, 2)
-            self._clear_past_blocks(t0, n)
+            if ragged_batched(t0):
+                self._clear_past_blocks(t0, n)
         return self.note_write(t0)
 
     def _clear_past_blocks(self, t0: Lengths, n: int) -> None:
         """Zero each row's positions from the end of its block up to the end of the furthest
-        row's: attention over rows at different positions reads them with weight exactly 0,
-        and 0 * (finite) is 0 where leftover NaN or inf (a failed row's) would not be. They are
+        row's: one attention call over nearby rows reads them with weight exactly 0, and
+        0 * (finite) is 0 where leftover NaN or inf (a failed row's) would not be. They are
         scratch of this write (no state of this or a later version may hold them)."""
         lo, hi = min(t0) + n, max(t0) + n
         past = torch.arange(lo, hi, device=self.k.device)[None, :] >= (
@@ -360,6 +361,14 @@ class KVCache:
         c.k, c.v = self.k[:last], self.v[:last]
         c.version, c.starts = 0, deque(maxlen=WRITE_HISTORY)
         return c
+
+
+RAGGED_SPREAD = 64  # rows at most this far apart share one attention call (attention.py)
+
+
+def ragged_batched(t0: Lengths) -> bool:
+    """Rows at different but nearby positions: attended in one masked call."""
+    return not same_position(t0) and max(t0) - min(t0) <= RAGGED_SPREAD
 
 
 def positions_index(t0: Lengths, k: int, device: torch.device) -> tuple[Tensor, Tensor]:
