@@ -121,8 +121,9 @@ class OneRow:
         return Proposal(drafts[None], q[None])
 
     @property
-    def buf(self):
-        return self.rows.buf
+    def prefix(self):
+        """The conditioned hidden-state prefix (1, P, width)."""
+        return self.rows.ctx
 
     @property
     def valid(self):
@@ -238,7 +239,7 @@ def test_chi_square_check_detects_a_wrong_q(target, genome):
     row, state, anchor = begin(d, target, prompt, sampler, RngKey(0, 11, 0))
     net = d.net
     with torch.no_grad():
-        U = net.base_logits(net.condition(row.buf), row.valid, torch.tensor([anchor]), 2)[0]
+        U = net.base_logits(row.prefix, row.valid, torch.tensor([anchor]), 2)[0]
     wrong = torch.softmax(U[1].double(), -1)  # q_2 without the Markov correction
     pairs: Counter = Counter()
     n = 1500
@@ -464,9 +465,9 @@ def test_prefix_holds_the_targets_hidden_states_of_committed_positions(target, d
         committed = prompt + spec.tokens[:-1]
         with torch.no_grad():
             _, hidden = target(torch.tensor([committed]), return_hidden=True)
-        want = hidden[0, -P:]
+        want = distilled.net.condition(hidden[:, -P:])[0]
         assert decoder.draft is not None and bool(decoder.draft.valid.all())
-        torch.testing.assert_close(decoder.draft.buf[0], want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(decoder.draft.ctx[0], want, rtol=1e-4, atol=1e-4)
 
 
 # ------------------------------------------------- (6) lossless with target mass outside DNA
@@ -510,7 +511,7 @@ def test_batched_draws_equal_the_left_to_right_reference(target, sampler):
 
     def reference(d: OneRow, state, anchor: int, gamma: int):
         net = d.rows.net
-        U = net.base_logits(net.condition(d.buf), d.valid, torch.tensor([anchor]), gamma)[0].float()
+        U = net.base_logits(d.prefix, d.valid, torch.tensor([anchor]), gamma)[0].float()
         u = d.ctx.rng.u(torch.arange(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
         drafts, qs, prev = [], [], int(net.lut[anchor])
         for k in range(gamma):

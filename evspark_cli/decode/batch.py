@@ -235,11 +235,10 @@ class BatchDecoder:
         p = sampler_probs(logits.reshape(B * k, V), self.sampler).view(B, k, V)
         pos = state.lengths  # row b's anchor sits at pos[b]; its draft j at pos[b] + j
         if prop is not None:
-            u_acc = torch.ones(B, G, dtype=torch.float64)
-            for b, (r, g) in enumerate(zip(rows, gammas)):
-                if g:
-                    u_acc[b, :g] = torch.tensor(r.job.rng.floats(range(pos[b] + 1, pos[b] + g + 1),
-                                                                 Purpose.ACCEPT))
+            u_acc = torch.tensor([r.job.rng.floats(range(pos[b] + 1, pos[b] + g + 1),
+                                                   Purpose.ACCEPT) + [1.0] * (G - g)
+                                  for b, (r, g) in enumerate(zip(rows, gammas))],
+                                 dtype=torch.float64)  # padding past a row's drafts: unused
             n, dist = decide_rows(p, prop.q[:, :G], prop.drafts[:, :G], u_acc, gammas)
             m = n.tolist()
         else:
@@ -263,13 +262,14 @@ class BatchDecoder:
         finished: list[int] = []
         done: list[Outcome] = []
         emitted = 0
+        fed = prop.drafts.tolist() if prop is not None else None
         for b, r in enumerate(rows):
             res = r.result
             if b in bad:
                 finished.append(b)
                 done.append(Outcome(r.job, error=nonfinite_error(bad[b], r.job.label)))
                 continue
-            new = ids[b, 1: m[b] + 1].tolist() + [nxt[b]] if m[b] else [nxt[b]]
+            new = fed[b][: m[b]] + [nxt[b]] if fed is not None else [nxt[b]]
             res.tokens.extend(new)
             emitted += len(new)
             r.anchor = nxt[b]

@@ -156,11 +156,13 @@ class DSparkDrafter:
 
 
 class DSparkRows:
-    """Each row's rolling hidden-state prefix, as one (B, P, layers, D) tensor, and its drafts.
+    """Each row's rolling hidden-state prefix, kept conditioned: (B, P, width), and its drafts.
 
-    The trunk runs once per round for all rows that draft the same number of tokens (the whole
-    batch but in a row's last rounds); the left-to-right Markov draws run per row on host floats.
-    """
+    A position's conditioning (per-layer normalisation, projection, norm) does not depend on
+    where it sits in the prefix, so each committed position is conditioned once, when it arrives,
+    not again every round. The trunk runs once per round for all rows that draft the same
+    number of tokens (the whole batch but in a row's last rounds); the left-to-right Markov draws
+    run per row on host floats."""
 
     def __init__(self, drafter: DSparkDrafter, contexts: list[DraftContext]) -> None:
         self.net, self.cfg = drafter.net, drafter.cfg
@@ -172,43 +174,45 @@ class DSparkRows:
             raise ValueError("the rows of a batch share one sampler")
         self.alpha = torch.tensor(self.cfg.alphabet, device=dev)
         B, P = len(contexts), self.cfg.prefix_len
-        self.buf = torch.zeros(B, P, self.cfg.target_layers, self.cfg.target_hidden, device=dev)
+        self.ctx = torch.zeros(B, P, self.cfg.width, device=dev)
         self.valid = torch.zeros(B, P, dtype=torch.bool, device=dev)
-        for b, c in enumerate(contexts):
-            h = c.prefill_hidden
-            n = 0 if h is None else min(h.shape[0], P)
-            if n:
-                assert h is not None
-                self.buf[b, P - n:] = h[-n:].to(self.buf.dtype)
-                self.valid[b, P - n:] = True
+        with torch.inference_mode():
+            for b, c in enumerate(contexts):
+                h = c.prefill_hidden
+                n = 0 if h is None else min(h.shape[0], P)
+                if n:
+                    assert h is not None
+                    self.ctx[b, P - n:] = self.net.condition(h[None, -n:])[0]
+                    self.valid[b, P - n:] = True
 
     # ------------------------------------------------------------------ rows come and go
     def place(self, slots: Sequence[int], new: "DSparkRows") -> None:  # type: ignore[override]
-        self.buf = put_rows(self.buf, slots, new.buf)
+        self.ctx = put_rows(self.ctx, slots, new.ctx)
         self.valid = put_rows(self.valid, slots, new.valid)
         for slot, c in zip(slots, new.contexts):
             self.contexts[slot] = c
 
     def remove(self, row: int) -> None:
-        self.buf, self.valid = swap_remove(self.buf, row), swap_remove(self.valid, row)
+        self.ctx, self.valid = swap_remove(self.ctx, row), swap_remove(self.valid, row)
         last = self.contexts.pop()
         if row < len(self.contexts):
             self.contexts[row] = last
 
     def observe(self, fed: Tensor, hidden: Tensor, counts: list[int]) -> None:
-        """Each row's prefix moves on by its committed positions (a gather, one op per tensor)."""
-        B, P = self.buf.shape[:2]
-        k = hidden.shape[1]
+        """Each row's prefix moves on by its committed positions, conditioned as they arrive."""
+        B, P = self.ctx.shape[:2]
+        k = max(counts)
+        new = self.net.condition(hidden[:, :k])  # (B, k, width): only the positions that arrive
         n = counts[0]
         if counts.count(n) == len(counts):  # every row moves on by n: one copy
-            self.buf = torch.cat([self.buf[:, n:], hidden[:, :n].to(self.buf.dtype)], dim=1)[:, -P:]
+            self.ctx = torch.cat([self.ctx[:, n:], new], dim=1)[:, -P:]
             self.valid = torch.cat([self.valid[:, n:], self.valid.new_ones(B, n)], dim=1)[:, -P:]
             return
-        both = torch.cat([self.buf, hidden.to(self.buf.dtype)], dim=1)  # (B, P + k, L, D)
+        both = torch.cat([self.ctx, new], dim=1)  # (B, P + k, width)
         ok = torch.cat([self.valid, self.valid.new_ones(B, k)], dim=1)
         start = torch.tensor(counts, device=both.device)[:, None]
         idx = start + torch.arange(P, device=both.device)  # row b keeps positions n_b .. n_b+P-1
-        self.buf = both.gather(1, idx[:, :, None, None].expand(B, P, *both.shape[2:]))
+        self.ctx = both.gather(1, idx[:, :, None].expand(B, P, both.shape[2]))
         self.valid = ok.gather(1, idx)
 
     # ------------------------------------------------------------------ drafting
@@ -220,7 +224,7 @@ class DSparkRows:
             raise ModelError(f"this drafter was built for gamma <= {self.cfg.gamma_max}")
         B, V = len(anchors), self.cfg.vocab_size
         drafts = torch.zeros(B, gmax, dtype=torch.long)
-        q = torch.zeros(B, gmax, V, dtype=torch.float32, device=self.buf.device)
+        q = torch.zeros(B, gmax, V, dtype=torch.float32, device=self.ctx.device)
         for g in sorted(set(gammas) - {0}):
             rows = [b for b in range(B) if gammas[b] == g]
             d, qs = self._draft(rows, [anchors[b] for b in rows],
@@ -233,10 +237,9 @@ class DSparkRows:
                ) -> tuple[Tensor, Tensor]:
         """Drafts (n, gamma) and q (n, gamma, V) of `rows`, each anchored at its position."""
         net = self.net
-        whole = len(rows) == self.buf.shape[0]
-        buf = self.buf if whole else self.buf[rows]
+        whole = len(rows) == self.ctx.shape[0]
+        ctx = self.ctx if whole else self.ctx[rows]
         valid = self.valid if whole else self.valid[rows]
-        ctx = net.condition(buf)
         U = net.base_logits(ctx, valid, torch.tensor(anchors, device=ctx.device), gamma).float()
         # every conditional the left-to-right draws can meet, transformed in one batch:
         # Q[r, k, prev] = S(U_rk + B_k[prev]) over the alphabet, prev = anchor's class or a letter
