@@ -6,7 +6,6 @@ record that fails is reported and skipped, the others stay for `--resume`.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
@@ -18,6 +17,8 @@ from .options import (
     DtypeOpt,
     GammaOpt,
     GraphsOpt,
+    IupacOpt,
+    MaxMemoryOpt,
     ModelOpt,
     QuietOpt,
     RegionOpt,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
     from ..io.fasta import Prompt
     from ..io.writers import FastaOutput, StatsOutput
     from ..model.model import StripedHyena
+    from ..resume import RunRecord
 
 
 @command()
@@ -76,63 +78,46 @@ def generate(
                                        "from another target anyway."),
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
+    iupac: str = IupacOpt,
+    max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
     """Continue each record (or region) and write the continuations as FASTA."""
-    from ..api import DecodeOptions, drafter_name, model_and_drafter, set_threads
+    from ..api import DecodeOptions, model_and_drafter, set_threads
     from ..io.fasta import read_prompts
     from ..io.writers import check_distinct_outputs, check_output_path
+    from ..limits import context_cap
+    from ..resume import RunRecord
 
     options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k, top_p,
                             seed, samples, rollback)
     for path in (output, stats):
         check_output_path(path)
     check_distinct_outputs(inputs, [("--output", output), ("--stats", stats)])
-    prompts = read_prompts(inputs, region or None, prompt_tail, shard=shard)
+    prompts = read_prompts(inputs, region or None, prompt_tail, shard=shard, iupac=iupac,
+                           cap=context_cap(model_dir))
     set_threads(threads)
     model, d = model_and_drafter(model_dir, prompts, options, drafter, force_drafter,
                                  device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                                 compile=compile_cpu)
-    sampler = options.sampler
-    settings = {"model": model.config.model_name, "drafter": drafter_name(d),
-                "gamma": str(gamma), "temperature": f"{sampler.temperature:g}",
-                "top_k": str(sampler.top_k), "top_p": f"{sampler.top_p:g}", "seed": str(seed)}
-    fasta, stat_out = _open_outputs(output, stats, line_width, resume,
-                                    dict(settings, new_tokens=str(max_new_tokens)))
-    run = _Run(model, d, options, settings, include_prompt, compare_native)
+                                 compile=compile_cpu, max_memory=max_memory)
+    record = RunRecord(model.config.model_name, d, options, include_prompt, prompt_tail, iupac)
+    fasta, stat_out = record.open_outputs(prompts, output, stats, line_width, resume)
+    run = _Run(model, d, options, record, compare_native)
     run.all(prompts, fasta, stat_out, quiet)
-
-
-def _open_outputs(output: str | None, stats: str | None, line_width: int, resume: bool,
-                  settings: dict[str, str]) -> tuple[FastaOutput, StatsOutput | None]:
-    """The FASTA (checked against the settings of resumed records) and the stats file."""
-    from ..api import STATS_COLUMNS
-    from ..io.writers import FastaOutput, StatsOutput
-
-    fasta = FastaOutput(output, line_width=line_width, resume=resume)
-    try:
-        fasta.check_resumed(settings)
-        return fasta, (StatsOutput(stats, STATS_COLUMNS, resume=resume) if stats else None)
-    except BaseException:
-        # a resumed FASTA made with other settings, or a stats file that cannot be opened (e.g.
-        # a stale .partial): do not leave a FASTA partial of a run that never started behind
-        fasta.close()
-        if fasta.partial and not fasta.done_ids and not resume:
-            with contextlib.suppress(OSError):
-                os.remove(fasta.partial)
-        raise
 
 
 class _Run:
     """One generate run: every (record, sample) job through the engine, into the outputs."""
 
     def __init__(self, model: StripedHyena, drafter: Drafter | None, options: DecodeOptions,
-                 settings: dict[str, str], include_prompt: bool, compare_native: bool) -> None:
+                 record: RunRecord, compare_native: bool) -> None:
         self.model, self.drafter, self.options = model, drafter, options
-        self.settings = settings
-        self.include_prompt, self.compare_native = include_prompt, compare_native
+        self.record = record
+        self.include_prompt, self.compare_native = record.include_prompt, compare_native
 
     def all(self, prompts: list[Prompt], fasta: FastaOutput, stat_out: StatsOutput | None,
             quiet: bool) -> None:
+        from ..resume import job_id
+
         samples = self.options.samples
         jobs = [(p, s) for p in prompts for s in range(samples)]
         failed: list[str] = []
@@ -142,7 +127,7 @@ class _Run:
             with progress_bar(quiet, "generate") as prog:
                 task = prog.add_task("generate", total=len(jobs), note="")
                 for p, s in jobs:
-                    rid = f"{p.id}_s{s}" if samples > 1 else p.id
+                    rid = job_id(p.id, s, samples)
                     if rid in fasta.done_ids:  # finished by the run this one resumes
                         prog.advance(task)
                         continue
@@ -176,8 +161,7 @@ class _Run:
             debug_traceback()
             say(f"evspark: error: record '{rid}' failed: {first_line(e)}")
             return None
-        desc = " ".join(["evspark", *(f"{k}={v}" for k, v in self.settings.items()),
-                         f"new_tokens={len(out.tokens)}"])
+        desc = self.record.header(p, len(out.tokens))
         text = fasta_letters(out.text)
         # stats row first: a record counts as done once it is in the FASTA, so an interrupt
         # between the two writes must not leave a done record without its row (a row without

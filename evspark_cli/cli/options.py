@@ -40,6 +40,13 @@ GraphsOpt = option(True, "--cuda-graphs/--no-cuda-graphs", help="On a GPU, repla
                    "steps and verification blocks from CUDA graphs (no effect on CPU).")
 GammaOpt = option(12, "--gamma", "-g", help="Draft length per round.")
 QuietOpt = option(False, "--quiet", "-q", help="No progress bar.")
+MaxMemoryOpt = option(None, "--max-memory", help="Refuse, before any work, a model or run "
+                      "whose estimated memory exceeds this size (e.g. 8G, 512M). Default: the "
+                      "memory available (free GPU memory on a GPU).")
+IupacOpt = option("keep", "--iupac", help="What ambiguity codes (N, R, Y...) in prompts "
+                  "become: keep (their own tokens, as Evo 2 reads them), error (refused), random "
+                  "(one of their bases, the same for the same record and position). U is read "
+                  "as T.")
 ThreadsOpt = option(0, "--threads", help="CPU threads for torch (0 = torch's default).")
 
 
