@@ -81,8 +81,8 @@ def _check_bench_files(cfg: BenchConfig, out: str) -> None:
     fewer records than asked is benchmarked (and reported) as the records it has."""
     from pathlib import Path
 
+    from ..files import Output, check_distinct
     from ..io.fasta import read_prompts
-    from ..io.identity import Output, check_distinct
 
     inputs = [cfg.prompts] + ([cfg.context_source] if cfg.context_source else [])
     check_distinct(inputs, [Output("--output", str(Path(out) / name), (".tmp",))

@@ -79,7 +79,7 @@ def _check_outputs(target: Path, dest: Path, train: List[str]) -> None:
     """The drafter folder must not overwrite the target's files or a training file (`-o MODEL`
     would replace the target's weights with the drafter's)."""
     from ..errors import InputError
-    from ..io.identity import Output, check_distinct
+    from ..files import Output, check_distinct
     from ..train.corpus import fasta_files
 
     inputs = [str(target / "config.json"), str(target / "model.safetensors")]

@@ -61,8 +61,8 @@ def score(
     a record that fails is reported and skipped, and the others stay for `--resume`."""
     from ..api import set_threads
     from ..eval.score import check_score_windows
+    from ..files import Output, check_distinct
     from ..io.fasta import read_prompts
-    from ..io.identity import Output, check_distinct
     from ..io.writers import PARTIAL_SUFFIX, check_output_path
     from ..limits import score_cap, score_windows
     from ..model.checkpoint import load_model, resolve_device
@@ -126,7 +126,7 @@ def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window:
         if logits:
             from safetensors.torch import save_file
 
-            from ..io.writers import atomic_path
+            from ..files import atomic_path
 
             with atomic_path(logits) as tmp:
                 save_file({k: v.contiguous() for k, v in saved.items()}, tmp)

@@ -15,12 +15,12 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import InputError, RunError, SettingError
-from .identity import Output, check_distinct
+from ..files import Output, atomic_path, check_distinct
 
 try:  # POSIX: refuse two processes appending to the same partial file
     import fcntl
@@ -87,32 +87,8 @@ def check_distinct_outputs(inputs: Sequence[str] | None,
                            outputs: Sequence[tuple[str, str | None]]) -> None:
     """Outputs (option, path), each written through `PATH.partial`, must not be an input (it
     would be overwritten) nor each other, nor another's `.partial`: compared by file identity
-    (io/identity.py), so another path to the same file is caught too."""
+    (files.py), so another path to the same file is caught too."""
     check_distinct(inputs, [Output(opt, path, (PARTIAL_SUFFIX,)) for opt, path in outputs])
-
-
-@contextlib.contextmanager
-def atomic_path(path: str) -> Iterator[str]:
-    """A fresh temporary name beside `path` (created exclusively: never a file someone else put
-    there, nor through a symlink) to write to; renamed onto `path` if the block succeeds."""
-    import tempfile
-
-    folder, name = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make the output private
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def write_text_atomic(path: str, text: str) -> None:

@@ -175,7 +175,7 @@ def load_budgets(device: torch.device, max_memory: str | int | None = None
 def save_model(model: StripedHyena, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write config.json and model.safetensors (optionally cast, fp32 filters kept), each
     atomically through a fresh temporary file (never through a planted symlink)."""
-    from ..io.writers import atomic_path
+    from ..files import atomic_path
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -250,7 +250,7 @@ def evo2_to_evspark(raw: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tenso
 def _check_output_dir(out: Path, inputs: tuple[Path, ...] = ()) -> None:
     """Refuse an output folder that cannot be one, or that already holds a model or one of
     the inputs (compared by identity), before any work (exit 2, one line)."""
-    from ..io.identity import Output, check_distinct
+    from ..files import Output, check_distinct
 
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a folder; give a new or existing folder")

@@ -395,7 +395,7 @@ def load_train_config(path: str | Path, steps: int | None = None) -> TrainConfig
 def check_run_outputs(cfg: TrainConfig, export: str | Path | None = None) -> None:
     """The files a run writes (its checkpoint, log and exported model) must not be one of its
     FASTA inputs, whatever path leads there."""
-    from ..io.identity import Output, check_distinct
+    from ..files import Output, check_distinct
 
     out = Path(cfg.out_dir)
     model = Path(export) if export is not None else out / "model"

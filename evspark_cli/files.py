@@ -1,4 +1,6 @@
-"""Which paths are the same file: (device, inode), never names.
+"""Files as the kernel sees them: which paths are the same file, and writing one atomically.
+
+Which paths are the same file is decided by (device, inode), never by names.
 
 Two different names can reach one file (a bind mount, a hard link, `..` through a symlinked
 folder), so a command refuses to write where it reads by comparing what the kernel says the
@@ -7,11 +9,13 @@ own name, which is what a later create or rename would hit.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Sequence
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ..errors import InputError
+from .errors import InputError
 
 FileKey = tuple
 """(st_dev, st_ino) of an existing file, or (st_dev, st_ino, name) of a name in a folder."""
@@ -85,3 +89,25 @@ def _clash(a: Output, fa: str, b: Output, fb: str) -> str:
         return f"{b.option} and {a.option} name the same file {b.path}"
     both = fb if fb != b.path else fa
     return f"{a.option} {a.path} and {b.option} {b.path} would both write {both}; rename one"
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """A fresh temporary name beside `path` (created exclusively: never a file someone else put
+    there, nor through a symlink) to write to; renamed onto `path` if the block succeeds."""
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make the output private
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
