@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,6 +26,7 @@ from ..alphabet import BASE_IDS
 from ..decode.drafters.dspark import DSparkConfig, DSparkNet, save_drafter
 from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
 from ..errors import InputError, SettingError, at_least
+from ..files import atomic_path
 from ..model.checkpoint import WEIGHTS, load_model, resolve_device, weights_hash
 from ..model.memory import memory_budget
 from ..model.model import StripedHyena
@@ -304,10 +304,10 @@ class DistillTrainer:
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.out / "ckpt.pt.tmp"
-        torch.save({"net": self.net.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                    "gen": self.gen.get_state(), "wall": self.wall, "cfg": asdict(self.cfg)}, tmp)
-        os.replace(tmp, self.out / "ckpt.pt")
+        with atomic_path(str(self.out / "ckpt.pt")) as tmp:  # never through a symlink
+            torch.save({"net": self.net.state_dict(), "opt": self.opt.state_dict(),
+                        "step": self.step, "gen": self.gen.get_state(), "wall": self.wall,
+                        "cfg": asdict(self.cfg)}, tmp)
 
     def resume(self) -> bool:
         p = self.out / "ckpt.pt"

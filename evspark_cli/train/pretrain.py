@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 
 from ..errors import InputError, ModelError, SettingError, at_least
 from ..eval.score import score_sequence
+from ..files import atomic_path
 from ..io.fasta import iter_records
 from ..model.checkpoint import save_model
 from ..model.config import ModelConfig
@@ -158,9 +158,8 @@ def trim_log(log: Path, step: int) -> None:
                 keep.append(line)
         except (ValueError, AttributeError):
             continue
-    tmp = log.with_name(log.name + ".tmp")
-    tmp.write_text("".join(x + "\n" for x in keep))
-    os.replace(tmp, log)
+    with atomic_path(str(log)) as tmp:
+        Path(tmp).write_text("".join(x + "\n" for x in keep))
 
 
 def _first_record(path: str) -> torch.Tensor:
@@ -240,12 +239,12 @@ class Trainer:
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.out / "ckpt.pt.tmp"
-        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(),
-                    "gen": self.gen.get_state(), "step": self.step, "tokens_seen": self.tokens_seen,
-                    "wall": self.wall, "train_config": asdict(self.cfg),
-                    "model_config": self.model_cfg.to_dict()}, tmp)
-        os.replace(tmp, self.ckpt_path)
+        with atomic_path(str(self.ckpt_path)) as tmp:  # a fresh name: never through a symlink
+            torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(),
+                        "gen": self.gen.get_state(), "step": self.step,
+                        "tokens_seen": self.tokens_seen, "wall": self.wall,
+                        "train_config": asdict(self.cfg),
+                        "model_config": self.model_cfg.to_dict()}, tmp)
 
     def resume(self) -> bool:
         if not self.ckpt_path.is_file():
@@ -405,8 +404,8 @@ def check_run_outputs(cfg: TrainConfig, export: str | Path | None = None) -> Non
             inputs += [str(f) for f in fasta_files([path])]
         except InputError:  # reported where the files are read
             continue
-    check_distinct(inputs, [Output("out_dir", str(out / "ckpt.pt"), (".tmp",)),
-                            Output("out_dir", str(out / "log.jsonl"), (".tmp",)),
+    check_distinct(inputs, [Output("out_dir", str(out / "ckpt.pt")),
+                            Output("out_dir", str(out / "log.jsonl")),
                             Output("export", str(model / "config.json")),
                             Output("export", str(model / "model.safetensors"))])
 
