@@ -111,7 +111,7 @@ def model_and_drafter(model_dir: str | Path | None, prompts: Sequence[Prompt],
     model = load_model(model_dir, **load)
     for p in prompts:
         check_context(model, len(p.seq), options.max_new_tokens, p.id)
-    d = resolve_drafter(model, drafter, force=force_drafter)
+    d = resolve_drafter(model, drafter, force=force_drafter, max_memory=load.get("max_memory"))
     check_gamma(d, options.largest_draft)
     return model, d
 
@@ -123,8 +123,10 @@ def bundled_drafter_dir(model: StripedHyena, seed: int = 0) -> Path | None:
     return d if (d / "config.json").is_file() else None
 
 
-def resolve_drafter(model: StripedHyena, spec: Any, force: bool = False) -> Drafter | None:
-    """'auto' | None/'none' | 'identity' | 'kmer' | 'dspark' | a drafter folder | a Drafter."""
+def resolve_drafter(model: StripedHyena, spec: Any, force: bool = False,
+                    max_memory: str | int | None = None) -> Drafter | None:
+    """'auto' | None/'none' | 'identity' | 'kmer' | 'dspark' | a drafter folder | a Drafter.
+    A drafter folder is refused unbuilt when it would not fit in memory (or `max_memory`)."""
     if spec is None or spec == "none":
         return None
     if not isinstance(spec, (str, Path)):
@@ -147,7 +149,7 @@ def resolve_drafter(model: StripedHyena, spec: Any, force: bool = False) -> Draf
                          "none) nor a drafter folder")
     from .decode.drafters.dspark import load_drafter
 
-    return load_drafter(path, model, force=force)
+    return load_drafter(path, model, force=force, max_memory=max_memory)
 
 
 def drafter_name(drafter: Drafter | None) -> str:
@@ -210,9 +212,9 @@ def continue_prompt(model: StripedHyena, ids: list[int], options: DecodeOptions,
         native = decode_native(model, ids, n, sampler, rng, label=record_id)
     if drafter is None:
         res = native or decode_native(model, ids, n, sampler, rng, label=record_id)
-    else:
-        res = decode_speculative(model, ids, n, sampler, drafter, options.gamma, rng,
-                                 options.rollback, label=record_id)
+    else:  # a round never drafts past the tokens still asked: nothing is reserved for more
+        res = decode_speculative(model, ids, n, sampler, drafter, max(options.largest_draft, 1),
+                                 rng, options.rollback, label=record_id)
     stats = make_stats(record_id, sample, len(ids), res, drafter_name(drafter), options.gamma,
                        native if drafter is not None else None)
     return GenerateOutput(res.tokens, detokenize(res.tokens), stats, res, native)

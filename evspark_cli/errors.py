@@ -6,6 +6,7 @@ checkpoint).
 """
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 
@@ -60,3 +61,18 @@ def at_least(setting: str, value: int | float, low: int | float) -> None:
     """Refuse `value < low` as `{setting} must be >= {low}, got {value}`."""
     if value < low:
         raise SettingError.of(setting, f"must be >= {low}, got {value}")
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal and one line: control characters (an ANSI escape in a record
+    id, a newline) and undecodable bytes become `\\xNN` escapes instead of acting."""
+    def escape(m: re.Match[str]) -> str:
+        c = ord(m.group())
+        if 0xDC80 <= c <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+            return f"\\x{c - 0xDC00:02x}"
+        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+    return _CONTROL.sub(escape, text)

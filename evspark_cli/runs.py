@@ -35,9 +35,10 @@ from .api import (
 from .decode.batch import BatchDecoder, DecodeResult, Job, RoundReport
 from .decode.drafters.base import Drafter, RngKey
 from .errors import SettingError
-from .model.memory import available_bytes, check_batch_fits, largest_batch
+from .model.memory import check_batch_fits, largest_batch, run_budget
 from .model.model import StripedHyena
 from .model.tokenizer import detokenize
+from .resume import job_id
 
 CPU_BATCH = 16  # the batch size with the most tokens/s on a CPU for the bundled target
 CUDA_BATCH = 32  # a GPU's decode step is memory-bound: more rows cost little (not measured here)
@@ -46,11 +47,6 @@ CUDA_BATCH = 32  # a GPU's decode step is memory-bound: more rows cost little (n
 def default_batch_size(device: torch.device) -> int:
     """The batch size a run uses when none is given, by device (docs/batching.md)."""
     return CUDA_BATCH if device.type == "cuda" else CPU_BATCH
-
-
-def job_id(record_id: str, sample: int, samples: int) -> str:
-    """The output record id of a job: the record id, with `_s{i}` when a record has samples."""
-    return f"{record_id}_s{sample}" if samples > 1 else record_id
 
 
 @dataclass(frozen=True)
@@ -90,7 +86,8 @@ def make_jobs(records: Sequence[tuple[str, str | Sequence[int]]], options: Decod
 
 
 def plan_batch(model: StripedHyena, jobs: Sequence[RunJob], options: DecodeOptions,
-               drafter: Drafter | None, batch_size: int | None) -> int:
+               drafter: Drafter | None, batch_size: int | None,
+               max_memory: str | int | None = None) -> int:
     """The batch size of a run: `batch_size`, or the device's default when None; either way one
     whose state fits in the memory available at the run's longest context (a default shrinks to
     fit; a batch size the user asked for that does not fit is refused, naming the largest that
@@ -104,9 +101,10 @@ def plan_batch(model: StripedHyena, jobs: Sequence[RunJob], options: DecodeOptio
     longest = max((len(j.job.prompt) for j in jobs), default=1)
     context = longest + options.max_new_tokens + block + 16
     weights = next(model.parameters()).dtype
-    budget = available_bytes(model.device)
-    if batch_size is None and budget is not None:
-        fits = largest_batch(model.config, weights, weights, context, block, budget)
+    loaded = sum(p.numel() * p.element_size() for p in model.parameters())
+    budget = run_budget(model.device, max_memory, loaded)
+    if batch_size is None and budget.bytes is not None:
+        fits = largest_batch(model.config, weights, weights, context, block, budget.bytes)
         rows = max(1, min(rows, fits))
     check_batch_fits(model.config, weights, weights, rows, context, block, budget)
     return rows
@@ -231,7 +229,7 @@ def generate_many(model: StripedHyena, prompts: Sequence[str | Sequence[int]] | 
                   samples: int = 1, batch_size: int | None = None, max_new_tokens: int = 64,
                   drafter: Any = "auto", gamma: int = 12, temperature: float = 1.0,
                   top_k: int = 4, top_p: float = 1.0, seed: int = 0, rollback: str = "slice",
-                  force_drafter: bool = False,
+                  force_drafter: bool = False, max_memory: str | int | None = None,
                   on_round: Callable[[RoundReport], None] | None = None
                   ) -> list[GenerateOutput]:
     """Continue every prompt `samples` times, `batch_size` rows at a time (None: the device's
@@ -253,7 +251,8 @@ def generate_many(model: StripedHyena, prompts: Sequence[str | Sequence[int]] | 
     jobs = make_jobs(records, options, model, key=key)
     for j in jobs:
         check_context(model, len(j.job.prompt), max_new_tokens, j.record_id)
-    run = GenerationRun(model, d, options, plan_batch(model, jobs, options, d, batch_size),
+    run = GenerationRun(model, d, options,
+                        plan_batch(model, jobs, options, d, batch_size, max_memory),
                         on_round=on_round)
     outs: list[GenerateOutput] = []
     for o in run.outcomes(jobs):

@@ -140,11 +140,14 @@ def test_every_input_form_gives_the_same_continuation(tmp_path, model, recs):
     assert list(split_fasta(got)) == ["r1:11-40"]
     assert got == ok(gen(model, sub, *opts)).out
 
-    # --prompt-tail N == a file holding only the last N bases
+    # --prompt-tail N == a file holding only the last N bases (the header records the tail)
     tail = tmp_path / "tail.fa"
     tail.write_text(records_text({k: v[-20:] for k, v in two.items()}))
-    assert ok(gen(model, plain, "--prompt-tail", 20, *opts)).out == ok(gen(model, tail, *opts)).out
-    assert ok(gen(model, plain, "--prompt-tail", 20, *opts)).out != ref
+    tailed = ok(gen(model, plain, "--prompt-tail", 20, *opts)).out
+    assert tailed.count(" prompt_tail=20 ") == 2
+    assert tailed.replace(" prompt_tail=20 ", " prompt_tail=none ") == ok(gen(model, tail,
+                                                                               *opts)).out
+    assert tailed != ref
 
 
 def test_stdin_through_a_real_pipe(tmp_path, model, recs):
@@ -165,7 +168,10 @@ def test_stdin_through_a_real_pipe(tmp_path, model, recs):
 
 HEADER = re.compile(r"^(?P<id>\S+) evspark model=(?P<model>\S+) drafter=(?P<drafter>\S+) "
                     r"gamma=(?P<gamma>\d+) temperature=(?P<temperature>\S+) top_k=(?P<top_k>\d+) "
-                    r"top_p=(?P<top_p>\S+) seed=(?P<seed>\d+) new_tokens=(?P<new_tokens>\d+)$")
+                    r"top_p=(?P<top_p>\S+) seed=(?P<seed>\d+) "
+                    r"include_prompt=(?P<include_prompt>yes|no) prompt_tail=(?P<prompt_tail>\S+) "
+                    r"iupac=(?P<iupac>\S+) prompt_sha256=(?P<prompt_sha256>[0-9a-f]{16}) "
+                    r"new_tokens=(?P<new_tokens>\d+)$")
 
 
 def test_fasta_output_header_width_samples_and_prompt(tmp_path, model, recs):
@@ -189,6 +195,7 @@ def test_fasta_output_header_width_samples_and_prompt(tmp_path, model, recs):
         assert (m["model"], m["drafter"], m["gamma"], m["seed"]) == ("tiny-test", "kmer", "5", "11")
         assert (float(m["temperature"]), int(m["top_k"]), float(m["top_p"])) == (0.7, 3, 0.9)
         assert int(m["new_tokens"]) == len(r.seq) == 17
+        assert (m["include_prompt"], m["prompt_tail"], m["iupac"]) == ("no", "none", "keep")
         assert set(str(r.seq)) <= set("ACGTN")
     for rid in ("r1", "r2"):  # samples differ from each other
         assert len({str(r.seq) for r in recs_out if r.id.startswith(rid + "_")}) == 3
@@ -200,6 +207,8 @@ def test_fasta_output_header_width_samples_and_prompt(tmp_path, model, recs):
             assert len(line) == 7 or (last and 0 < len(line) <= 7)
 
     full = {r.id: str(r.seq) for r in SeqIO.parse(with_prompt, "fasta")}
+    assert all(HEADER.match(r.description)["include_prompt"] == "yes"
+               for r in SeqIO.parse(with_prompt, "fasta"))
     for r in recs_out:
         prompt = recs[r.id.split("_s")[0]]
         assert full[r.id] == prompt + str(r.seq)

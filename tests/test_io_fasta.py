@@ -270,7 +270,7 @@ def test_case_whitespace_crlf_bom_iupac(tmp_path: Path) -> None:
     p.write_bytes(text.encode())
     (out,) = read_prompts([str(p)])
     assert out.id == "a" and out.description == "spaced   desc"
-    assert out.seq == "ACGTN" + alphabet
+    assert out.seq == "ACGTN" + alphabet.replace("U", "T")  # U is RNA's T
 
 
 def test_prompt_tail(tmp_path: Path) -> None:

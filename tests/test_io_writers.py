@@ -131,7 +131,7 @@ def test_resume_without_partial_starts_fresh(tmp_path: Path) -> None:
 def test_second_writer_on_same_partial_is_refused(tmp_path: Path) -> None:
     first = FastaOutput(str(tmp_path / "o.fa"))
     first.write("a", "", "AC")
-    with pytest.raises(InputError, match="another process"):
+    with pytest.raises(InputError, match=r"o\.fa\.partial is in use by process \d+"):
         FastaOutput(str(tmp_path / "o.fa"), resume=True)
     first.close()
 

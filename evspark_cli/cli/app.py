@@ -26,8 +26,11 @@ app = typer.Typer(
 
 
 def say(msg: str) -> None:
-    """A diagnostic line on stderr (data goes to stdout or files)."""
-    print(msg, file=sys.stderr, flush=True)
+    """A diagnostic line on stderr (data goes to stdout or files); control characters (an
+    escape sequence in a record id) are shown escaped, never sent to the terminal."""
+    from ..errors import printable
+
+    print(printable(msg), file=sys.stderr, flush=True)
 
 
 def fail(msg: str, code: int) -> None:
@@ -67,7 +70,9 @@ def command(options: Mapping[str, str] | None = None) -> Callable[[Callable], Ca
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
             from ..errors import EvsparkError
+            from ..io.writers import forget_partials
 
+            forget_partials()  # the interrupt line names only this command's files
             try:
                 return fn(*args, **kwargs)
             except typer.Exit:
@@ -82,8 +87,7 @@ def command(options: Mapping[str, str] | None = None) -> Callable[[Callable], Ca
                     os.dup2(devnull, sys.stdout.fileno())
                 raise typer.Exit(141) from None
             except KeyboardInterrupt:
-                say("evspark: interrupted; finished records are kept in the .partial files "
-                    "(rerun with --resume)")
+                say(_interrupted())
                 raise typer.Exit(130) from None
             except MemoryError:
                 fail("out of memory (try a shorter --prompt-tail or fewer tokens)", 1)
@@ -96,6 +100,17 @@ def command(options: Mapping[str, str] | None = None) -> Callable[[Callable], Ca
         return run
 
     return wrap
+
+
+def _interrupted() -> str:
+    """The interrupt line: which `.partial` files hold finished records, if any were started."""
+    from ..io.writers import kept_partials
+
+    kept = kept_partials()
+    if not kept:
+        return "evspark: interrupted"
+    return (f"evspark: interrupted; finished records are kept in {', '.join(kept)} "
+            "(rerun with --resume)")
 
 
 def register(*commands: Callable) -> None:

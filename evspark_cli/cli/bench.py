@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from .app import command, say
-from .options import CompileOpt, ModelOpt, QuietOpt, ThreadsOpt
+from .options import CompileOpt, MaxMemoryOpt, ModelOpt, QuietOpt, ThreadsOpt
+
+if TYPE_CHECKING:
+    from ..eval.bench import BenchConfig
 
 # BenchConfig fields whose option has another name
 OPTIONS = {"new_tokens": "--max-new-tokens", "gamma_sweep": "--gammas", "depth_tokens": "--depth",
@@ -60,6 +63,7 @@ def bench(
     compile_cpu: bool = CompileOpt,
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
+    max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
     """The evaluation protocol: speedup, acceptance, losslessness and sweeps, into a report."""
     import json
@@ -75,7 +79,8 @@ def bench(
                        depth=depth, batch_sizes=batch_sizes, batch_size=batch_size,
                        samples=samples, throughput_tokens=throughput_tokens)
     check_output_dir(out)
-    model = load_model(model_dir, device="auto", compile=compile_cpu)
+    _check_bench_files(cfg, out)
+    model = load_model(model_dir, device="auto", compile=compile_cpu, max_memory=max_memory)
     drafters = bench_drafters(model, cfg, drafter)
     res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
                     log=(lambda m: None) if quiet else say)
@@ -85,3 +90,21 @@ def bench(
         summary["throughput_tokens_per_s"] = {k: v["tokens_per_s"] for k, v in
                                               res["throughput"]["modes"].items()}
     print(json.dumps(summary, indent=1))
+
+
+def _check_bench_files(cfg: BenchConfig, out: str) -> None:
+    """Before any work: the report files must not overwrite an input, and a prompt file with
+    fewer records than asked is benchmarked (and reported) as the records it has."""
+    from pathlib import Path
+
+    from ..files import Output, check_distinct
+    from ..io.fasta import read_prompts
+
+    inputs = [cfg.prompts] + ([cfg.context_source] if cfg.context_source else [])
+    check_distinct(inputs, [Output("--output", str(Path(out) / name), (".tmp",))
+                            for name in ("results.json", "report.md")])
+    count = len(read_prompts([cfg.prompts]))
+    if count < cfg.n_prompts:
+        say(f"evspark: {cfg.prompts} has {count} record(s): benchmarking {count} prompt(s), "
+            f"not {cfg.n_prompts}")
+        cfg.n_prompts = count

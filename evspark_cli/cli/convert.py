@@ -1,9 +1,12 @@
 """`evspark convert`: an Evo 2 / vortex checkpoint into an EvSpark model folder."""
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 from .app import command, say
+from .options import MaxMemoryOpt
 
 
 @command()
@@ -11,10 +14,12 @@ def convert(
     checkpoint: str = typer.Argument(..., help="Evo 2 / vortex checkpoint (.pt or .safetensors)."),
     config: str = typer.Option(..., "--config", help="Its config (.yml or .json, Evo 2 field "
                                "names)."),
-    out: str = typer.Option(..., "-o", "--output", help="Output model folder."),
+    out: str = typer.Option(..., "-o", "--output", help="Output model folder (new, or without "
+                            "a model in it)."),
+    max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
     """Convert an Evo 2 / vortex checkpoint into an EvSpark model folder."""
     from ..model.checkpoint import convert_checkpoint
 
-    folder = convert_checkpoint(checkpoint, config, out)
+    folder = convert_checkpoint(checkpoint, config, out, max_memory=max_memory)
     say(f"evspark: wrote {folder}")

@@ -1,13 +1,14 @@
 """`evspark distill`: distil a DSpark drafter from a target (train/distill.py)."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from .app import command, say
-from .options import ModelOpt, QuietOpt, ThreadsOpt, progress_bar
+from .options import MaxMemoryOpt, ModelOpt, QuietOpt, ThreadsOpt, progress_bar
 
 
 @command({"prefix_len": "--prefix"})
@@ -37,6 +38,7 @@ def distill(
                                "builds the cache and the drafter trains."),
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
+    max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
     """Distil a DSpark drafter (parallel trunk + Markov head) from a target model."""
     from ..api import set_threads
@@ -53,9 +55,10 @@ def distill(
     cache_cfg = CacheConfig(target=str(target), out_dir=str(cache_dir),
                             train=list(train_data or []), natural_windows=natural_windows,
                             onpolicy_windows=onpolicy_windows, window=window, seed=0, device=device)
+    _check_outputs(target, dest, train_data or [])
     set_threads(threads)
-    prepare_cache(cache_cfg, log=lambda m: None if quiet else say(m))
-    trainer = DistillTrainer(cfg)
+    prepare_cache(cache_cfg, log=lambda m: None if quiet else say(m), max_memory=max_memory)
+    trainer = DistillTrainer(cfg, max_memory=max_memory)
     if trainer.resume():
         say(f"evspark: resumed drafter training at step {trainer.step}")
     with progress_bar(quiet, "distill") as prog:
@@ -70,3 +73,18 @@ def distill(
             raise typer.Exit(130) from None
     folder = trainer.export(dest)
     say(f"evspark: wrote drafter {folder} ({trainer.step * batch * gamma:,} supervised positions)")
+
+
+def _check_outputs(target: Path, dest: Path, train: List[str]) -> None:
+    """The drafter folder must not overwrite the target's files or a training file (`-o MODEL`
+    would replace the target's weights with the drafter's)."""
+    from ..errors import InputError
+    from ..files import Output, check_distinct
+    from ..train.corpus import fasta_files
+
+    inputs = [str(target / "config.json"), str(target / "model.safetensors")]
+    for path in train:  # a missing one is reported where it is read (if it is needed)
+        with contextlib.suppress(InputError):
+            inputs += [str(f) for f in fasta_files([path])]
+    check_distinct(inputs, [Output("--output", str(dest / name), (".tmp",))
+                            for name in ("config.json", "model.safetensors")])

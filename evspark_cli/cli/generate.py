@@ -6,7 +6,6 @@ record that fails is reported and skipped, the others stay for `--resume`.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
@@ -19,6 +18,8 @@ from .options import (
     DtypeOpt,
     GammaOpt,
     GraphsOpt,
+    IupacOpt,
+    MaxMemoryOpt,
     ModelOpt,
     QuietOpt,
     RegionOpt,
@@ -29,7 +30,9 @@ from .options import (
 )
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
+    from ..io.fasta import Prompt
     from ..io.writers import FastaOutput, StatsOutput
+    from ..resume import RunRecord
     from ..runs import GenerationRun, JobOutcome, RunJob, RunSummary
 
 
@@ -75,64 +78,46 @@ def generate(
     batch_size: Optional[int] = BatchSizeOpt,
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
+    iupac: str = IupacOpt,
+    max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
     """Continue each record (or region) and write the continuations as FASTA."""
-    from ..api import DecodeOptions, drafter_name, model_and_drafter, set_threads
+    from ..api import DecodeOptions, model_and_drafter, set_threads
     from ..io.fasta import read_prompts
     from ..io.writers import check_distinct_outputs, check_output_path
-    from ..runs import GenerationRun, job_id, make_jobs, plan_batch
+    from ..limits import context_cap
+    from ..resume import RunRecord, job_id
+    from ..runs import GenerationRun, make_jobs, plan_batch
 
     options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k, top_p,
                             seed, samples, rollback)
     for path in (output, stats):
         check_output_path(path)
     check_distinct_outputs(inputs, [("--output", output), ("--stats", stats)])
-    prompts = read_prompts(inputs, region or None, prompt_tail, shard=shard)
+    prompts = read_prompts(inputs, region or None, prompt_tail, shard=shard, iupac=iupac,
+                           cap=context_cap(model_dir))
     set_threads(threads)
     model, d = model_and_drafter(model_dir, prompts, options, drafter, force_drafter,
                                  device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                                 compile=compile_cpu)
-    sampler = options.sampler
-    settings = {"model": model.config.model_name, "drafter": drafter_name(d),
-                "gamma": str(gamma), "temperature": f"{sampler.temperature:g}",
-                "top_k": str(sampler.top_k), "top_p": f"{sampler.top_p:g}", "seed": str(seed)}
-    fasta, stat_out = _open_outputs(output, stats, line_width, resume,
-                                    dict(settings, new_tokens=str(max_new_tokens)))
+                                 compile=compile_cpu, max_memory=max_memory)
+    record = RunRecord(model.config.model_name, d, options, include_prompt, prompt_tail, iupac)
+    fasta, stat_out = record.open_outputs(prompts, output, stats, line_width, resume)
     with fasta, (stat_out if stat_out is not None else contextlib.nullcontext()):
         jobs = make_jobs([(p.id, p.seq) for p in prompts], options, model, skip=fasta.done_ids)
-        run = GenerationRun(model, d, options, plan_batch(model, jobs, options, d, batch_size),
-                            compare_native)
+        batch = plan_batch(model, jobs, options, d, batch_size, max_memory)
+        run = GenerationRun(model, d, options, batch, compare_native)
         order = [job_id(p.id, s, samples) for p in prompts for s in range(samples)]
-        _Writer(run, settings, include_prompt, fasta, stat_out).all(jobs, order, quiet)
-
-
-def _open_outputs(output: str | None, stats: str | None, line_width: int, resume: bool,
-                  settings: dict[str, str]) -> tuple[FastaOutput, StatsOutput | None]:
-    """The FASTA (checked against the settings of resumed records) and the stats file."""
-    from ..api import STATS_COLUMNS
-    from ..io.writers import FastaOutput, StatsOutput
-
-    fasta = FastaOutput(output, line_width=line_width, resume=resume)
-    try:
-        fasta.check_resumed(settings)
-        return fasta, (StatsOutput(stats, STATS_COLUMNS, resume=resume) if stats else None)
-    except BaseException:
-        # a resumed FASTA made with other settings, or a stats file that cannot be opened (e.g.
-        # a stale .partial): do not leave a FASTA partial of a run that never started behind
-        fasta.close()
-        if fasta.partial and not fasta.done_ids and not resume:
-            with contextlib.suppress(OSError):
-                os.remove(fasta.partial)
-        raise
+        writer = _Writer(run, record, {p.id: p for p in prompts}, fasta, stat_out)
+        writer.all(jobs, order, quiet)
 
 
 class _Writer:
     """Writes a run's outcomes in input order; on any early exit, the records that finished
     out of order are written too (nothing finished is lost; `--resume` restores the order)."""
 
-    def __init__(self, run: GenerationRun, settings: dict[str, str], include_prompt: bool,
+    def __init__(self, run: GenerationRun, record: RunRecord, prompts: dict[str, Prompt],
                  fasta: FastaOutput, stat_out: StatsOutput | None) -> None:
-        self.run, self.settings, self.include_prompt = run, settings, include_prompt
+        self.run, self.record, self.prompts = run, record, prompts
         self.fasta, self.stat_out = fasta, stat_out
         self.failed: list[str] = []
 
@@ -177,17 +162,15 @@ class _Writer:
             self.failed.append(rid)
             return
         out = o.output
-        desc = " ".join(["evspark", *(f"{k}={v}" for k, v in self.settings.items()),
-                         f"new_tokens={len(out.tokens)}"])
+        prompt = self.prompts[o.run_job.record_id]
+        desc = self.record.header(prompt, len(out.tokens))
         text = fasta_letters(out.text)
         # stats row first: a record counts as done once it is in the FASTA, so an interrupt
         # between the two writes must not leave a done record without its row (a row without
         # its record is kept and not written twice on --resume)
         if self.stat_out is not None and rid not in self.stat_out.done_ids:
             self.stat_out.write(out.stats)
-        prompt = o.run_job.prompt
-        self.fasta.write(rid, desc, (prompt + text) if self.include_prompt and
-                         isinstance(prompt, str) else text)
+        self.fasta.write(rid, desc, (prompt.seq + text) if self.record.include_prompt else text)
 
 
 def summary_line(s: RunSummary, jobs: int) -> str:

@@ -4,15 +4,15 @@ from __future__ import annotations
 from typing import Optional
 
 from .app import command
-from .options import ModelOpt
+from .options import MaxMemoryOpt, ModelOpt
 
 
 @command()
-def info(model_dir: Optional[str] = ModelOpt) -> None:
+def info(model_dir: Optional[str] = ModelOpt, max_memory: Optional[str] = MaxMemoryOpt) -> None:
     """Architecture, parameters, layer pattern, state size and training summary of a model."""
     from ..model.checkpoint import load_model, model_card_summary
 
-    model = load_model(model_dir, device="cpu")
+    model = load_model(model_dir, device="cpu", max_memory=max_memory)
     cfg = model.config
     st = model.empty_state(1, capacity=1).nbytes()
     pattern = model.layer_kinds()

@@ -44,6 +44,13 @@ BatchSizeOpt = option(None, "--batch-size", "-b", help="Sequences decoded togeth
                       "samples share the batch; finished ones are replaced as they end). Default: "
                       "16 on a CPU, 32 on CUDA, fewer when memory is short. Output does not depend "
                       "on it.")
+MaxMemoryOpt = option(None, "--max-memory", help="Refuse, before any work, a model or run "
+                      "whose estimated memory exceeds this size (e.g. 8G, 512M). Default: the "
+                      "memory available (free GPU memory on a GPU).")
+IupacOpt = option("keep", "--iupac", help="What ambiguity codes (N, R, Y...) in prompts "
+                  "become: keep (their own tokens, as Evo 2 reads them), error (refused), random "
+                  "(one of their bases, the same for the same record and position). U is read "
+                  "as T.")
 ThreadsOpt = option(0, "--threads", help="CPU threads for torch (0 = torch's default).")
 
 

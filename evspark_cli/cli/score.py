@@ -5,7 +5,6 @@ record that fails is reported and skipped, and the others stay for `--resume`.
 """
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
@@ -14,6 +13,8 @@ from .app import command, debug_traceback, fail, first_line, say
 from .options import (
     DeviceOpt,
     DtypeOpt,
+    IupacOpt,
+    MaxMemoryOpt,
     ModelOpt,
     QuietOpt,
     RegionOpt,
@@ -35,9 +36,13 @@ def score(
     output: Optional[str] = typer.Option(None, "-o", "--output", help="TSV (default stdout)."),
     logits: Optional[str] = typer.Option(None, "--logits", help="Also save fp32 logits of every "
                                          "position (.safetensors, one tensor per record)."),
-    context: int = typer.Option(8192, "--context", help="Each scored base sees at least this "
-                                "many preceding bases (where the record has them)."),
-    window: int = typer.Option(8192, "--window", help="Bases scored per forward pass."),
+    context: Optional[int] = typer.Option(None, "--context", help="Each scored base sees at "
+                                          "least this many preceding bases (where the record "
+                                          "has them). Default: 8192, or half the model's "
+                                          "context if less."),
+    window: Optional[int] = typer.Option(None, "--window", help="Bases scored per forward pass. "
+                                         "Default: 8192, or what the context leaves of the "
+                                         "model's context if less."),
     region: Optional[List[str]] = RegionOpt,
     prompt_tail: Optional[int] = TailOpt,
     shard: Optional[str] = ShardOpt,
@@ -47,6 +52,8 @@ def score(
     quiet: bool = QuietOpt,
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from "
                                 "OUTPUT.partial (records already scored there are kept)."),
+    iupac: str = IupacOpt,
+    max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
     """Teacher-forced log-likelihood per record: record_id, length, bits_per_nt.
 
@@ -54,17 +61,26 @@ def score(
     a record that fails is reported and skipped, and the others stay for `--resume`."""
     from ..api import set_threads
     from ..eval.score import check_score_windows
+    from ..files import Output, check_distinct
     from ..io.fasta import read_prompts
-    from ..io.writers import check_distinct_outputs, check_output_path
-    from ..model.checkpoint import load_model
+    from ..io.writers import PARTIAL_SUFFIX, check_output_path
+    from ..limits import score_cap, score_windows
+    from ..model.checkpoint import load_model, resolve_device
+    from ..model.memory import memory_budget, run_budget
 
-    check_score_windows(context, window)
+    check_score_windows(1 if context is None else context, 1 if window is None else window)
     for path in (output, logits):
         check_output_path(path)
-    check_distinct_outputs(inputs, [("--output", output), ("--logits", logits)])
-    prompts = read_prompts(inputs, region or None, prompt_tail, shard=shard)
+    check_distinct(inputs, [Output("--output", output, (PARTIAL_SUFFIX,)),
+                            Output("--logits", logits)])
+    budget = memory_budget(resolve_device(device), max_memory)
+    prompts = read_prompts(inputs, region or None, prompt_tail, shard=shard, iupac=iupac,
+                           cap=score_cap(budget))
     set_threads(threads)
-    model = load_model(model_dir, device=device, dtype=dtype)
+    model = load_model(model_dir, device=device, dtype=dtype, max_memory=max_memory)
+    left = run_budget(model.device, max_memory, model.num_parameters() * 4)
+    context, window = score_windows(model.config, context, window, [len(p.seq) for p in prompts],
+                                    bool(logits), left)
     _score_all(model, prompts, context, window, output, logits, resume, quiet)
 
 
@@ -110,7 +126,8 @@ def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window:
         if logits:
             from safetensors.torch import save_file
 
-            tmp = logits + ".tmp"
-            save_file({k: v.contiguous() for k, v in saved.items()}, tmp)
-            os.replace(tmp, logits)
+            from ..files import atomic_path
+
+            with atomic_path(logits) as tmp:
+                save_file({k: v.contiguous() for k, v in saved.items()}, tmp)
         rows.finish()

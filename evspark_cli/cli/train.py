@@ -6,7 +6,7 @@ from typing import Optional
 import typer
 
 from .app import command, say
-from .options import QuietOpt, progress_bar
+from .options import MaxMemoryOpt, QuietOpt, progress_bar
 
 
 @command()
@@ -25,13 +25,21 @@ def train(
     export: Optional[str] = typer.Option(None, "--export", help="Model folder to export to "
                                          "(default RUN/model)."),
     quiet: bool = QuietOpt,
+    max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
     """Pretrain a StripedHyena 2 target on FASTA genomes (resumable, logged, deterministic)."""
-    from ..train.pretrain import RunOptions, Trainer, checkpoint_step, load_train_config
+    from ..train.pretrain import (
+        RunOptions,
+        Trainer,
+        check_run_outputs,
+        checkpoint_step,
+        load_train_config,
+    )
 
     cfg = load_train_config(config, steps)
     run = RunOptions(stop_at, export)
-    trainer = Trainer(cfg)
+    check_run_outputs(cfg, run.export)
+    trainer = Trainer(cfg, max_memory=max_memory)
     if trainer.start(resume, export_only):
         say(f"evspark: resumed {cfg.out_dir} at step {trainer.step}")
     if not export_only:

@@ -15,6 +15,8 @@ from .options import (
     DtypeOpt,
     GammaOpt,
     GraphsOpt,
+    IupacOpt,
+    MaxMemoryOpt,
     ModelOpt,
     QuietOpt,
     RegionOpt,
@@ -54,6 +56,8 @@ def verify(
                                    "with its own single-stream native run."),
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
+    iupac: str = IupacOpt,
+    max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
     """Greedy native vs greedy speculative decoding, compared token by token (exit 1 on a
     non-tie divergence)."""
@@ -64,6 +68,7 @@ def verify(
     from ..eval.verify import VerifyOptions, verify_prompts
     from ..io.fasta import read_prompts
     from ..io.writers import check_distinct_outputs, check_output_path, write_text_atomic
+    from ..limits import context_cap
 
     options = VerifyOptions(DecodeOptions(max_new_tokens, gamma, top_k=1, rollback=rollback),
                             tie_tolerance, batch_size)
@@ -71,11 +76,11 @@ def verify(
         check_output_path(report)
         check_distinct_outputs(inputs, [("--report", report)])
     prompts = read_prompts(inputs or [str(example_prompts())], region or None, prompt_tail,
-                           shard=shard)
+                           shard=shard, iupac=iupac, cap=context_cap(model_dir))
     set_threads(threads)
     model, d = model_and_drafter(model_dir, prompts, options.decode, drafter, force_drafter,
                                  device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                                 compile=compile_cpu)
+                                 compile=compile_cpu, max_memory=max_memory)
     with progress_bar(quiet, "verify") as prog:
         task = prog.add_task("verify", total=len(prompts), note="")
         result = verify_prompts(model, prompts, d, options, lambda row: prog.advance(task),

@@ -15,7 +15,7 @@ from enum import IntEnum
 import torch
 from torch import Tensor
 
-from evspark_cli.errors import InputError
+from evspark_cli.errors import SettingError
 
 __all__ = [
     "SamplerConfig",
@@ -49,15 +49,23 @@ class SamplerConfig:
         return self.top_k == 1 or self.temperature == 0
 
     def validate(self) -> None:
-        """Reject settings that have no sampling meaning, with a one-line message."""
+        """Reject settings that have no sampling meaning, with a one-line message naming the
+        setting (the command line shows it as the option: --top-p)."""
         t = self.temperature
         if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise InputError(f"temperature must be a finite number >= 0, got {t!r}")
+            raise SettingError.of("temperature", f"must be a finite number >= 0, got {t!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InputError(f"top_k must be an integer >= 0 (0 = no top-k), got {self.top_k!r}")
+            raise SettingError.of("top_k", "must be an integer >= 0 (0 = no top-k), got "
+                                           f"{self.top_k!r}")
         p = self.top_p
         if not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
-            raise InputError(f"top_p must be in (0, 1], got {p!r}")
+            raise SettingError.of("top_p", f"must be in (0, 1], got {p!r}")
+        # the nucleus is cut in fp32: a smaller top_p is 0 there (or flushed to 0 on a GPU),
+        # which would keep no token at all
+        tiny = torch.finfo(torch.float32).tiny
+        if p < tiny:
+            raise SettingError.of("top_p", f"must be at least {tiny:.2g} (the smallest "
+                                           f"probability the fp32 sampler represents), got {p!r}")
 
 
 # --------------------------------------------------------------------------- sampler transform

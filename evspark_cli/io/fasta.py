@@ -19,18 +19,18 @@ import sys
 import tempfile
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-from Bio.SeqIO.FastaIO import SimpleFastaParser
-
 from ..alphabet import IUPAC as _IUPAC_LETTERS
-from ..errors import InputError
+from ..alphabet import IUPAC_POLICIES, RNA_TO_DNA, resolve_ambiguous
+from ..errors import InputError, SettingError
 from .shard import parse_shard, select_shard
 
-__all__ = ["IUPAC", "Prompt", "read_prompts", "iter_records", "parse_region", "Region",
-           "default_index_dir"]
+__all__ = ["IUPAC", "Prompt", "LengthCap", "read_prompts", "iter_records", "parse_region",
+           "Region", "default_index_dir", "check_iupac"]
 
 #: IUPAC nucleotide codes (any case on input; alphabet.py). Gaps ('-', '.') and stop ('*') are
 #: rejected: a language-model prompt is a sequence, not an alignment row or a protein.
@@ -45,8 +45,14 @@ _OTHER_COMPRESSION = {
     b"\x28\xb5\x2f\xfd": "zstd",
     b"PK\x03\x04": "zip",
 }
+_AMBIGUOUS = re.compile("[^ACGT]")
 _REGION = re.compile(r"^(?P<name>.+):(?P<start>[0-9][0-9,]*)(?:-(?P<end>[0-9][0-9,]*)?)?$")
 _FINGERPRINT_BYTES = 1 << 16
+_PIECE = 1 << 20
+"""Characters read at a time: a longer line (a chromosome on one line) is read in pieces, so a
+line is never held whole unless its record is kept whole."""
+MAX_HEADER = 1 << 20
+"""The longest header line read (1 Mi characters): anything longer is not a FASTA header."""
 
 
 @dataclass
@@ -57,6 +63,18 @@ class Prompt:
     description: str
     seq: str
     source: str  # the input path ('-' for stdin), plus ':REGION' when read through a region
+
+
+@dataclass(frozen=True)
+class LengthCap:
+    """The most bases of one record a run holds in memory, and why (said when refusing one)."""
+
+    bases: int
+    why: str  # "the model's context"
+
+    def refusal(self, what: str) -> InputError:
+        return InputError(f"{what} is longer than {self.why} ({self.bases:,} bases); use "
+                          "--prompt-tail N")
 
 
 @dataclass(frozen=True)
@@ -77,8 +95,10 @@ def _fail(message: str) -> InputError:
 # --------------------------------------------------------------------------- validation
 
 
-def _clean(seq: str, what: str, offset: int = 0) -> str:
-    """Validate letters and upper-case; positions are 1-based in record coordinates."""
+def _clean(seq: str, what: str, offset: int = 0, iupac: str = "keep", key: int = 0) -> str:
+    """Validate letters, upper-case, U -> T, and apply the `iupac` policy (alphabet.py) to the
+    ambiguity codes; positions are 1-based in record coordinates (`offset` bases precede
+    `seq`), and `key` names the record for `random`."""
     m = _INVALID.search(seq)
     if m is not None:
         ch = m.group()
@@ -98,7 +118,29 @@ def _clean(seq: str, what: str, offset: int = 0) -> str:
         elif ch.isspace():
             hint = " (whitespace inside a sequence line)"
         raise _fail(f"{what}: invalid character {ch!r} at position {pos}{hint}")
-    return seq.upper()
+    seq = seq.upper().translate(RNA_TO_DNA)
+    if iupac == "keep":
+        return seq
+    if iupac == "error":
+        m = _AMBIGUOUS.search(seq)
+        if m is not None:
+            raise _fail(f"{what}: ambiguous base {m.group()!r} at position "
+                        f"{offset + m.start() + 1} (--iupac error accepts only A, C, G, T)")
+        return seq
+    return resolve_ambiguous(seq, key, offset)
+
+
+def check_iupac(iupac: str) -> str:
+    """The `--iupac` policy must be one alphabet.py knows."""
+    if iupac not in IUPAC_POLICIES:
+        raise SettingError.of("iupac", f"must be {', '.join(IUPAC_POLICIES)}, got {iupac!r}")
+    return iupac
+
+
+def _record_key(name: str) -> int:
+    """The key `--iupac random` hashes positions with: the record's name, nothing else."""
+    return int.from_bytes(hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()[:8],
+                          "big")
 
 
 def _check_tail(prompt_tail: int | None) -> int | None:
@@ -153,16 +195,21 @@ def _read_head(f: IO[bytes], path: str) -> bytes:
 
 
 def _text_stream(path: str, stack: contextlib.ExitStack) -> tuple[IO[str], bool]:
-    """A text stream over a path or stdin ('-'), gunzipped when the magic bytes say so."""
+    """A text stream over a path or stdin ('-'), gunzipped when the magic bytes say so. Bytes
+    are decoded as UTF-8 (a byte-order mark skipped) the same way on every path, stdin too."""
     if path == "-":
         stdin = sys.stdin
         if stdin is None:
             raise _fail("-: standard input is not available")
         buf = getattr(stdin, "buffer", None)
-        if buf is not None and _read_head(buf, "-")[:2] == _GZIP_MAGIC:
-            gz = gzip.GzipFile(fileobj=buf, mode="rb")
-            return io.TextIOWrapper(gz, encoding="utf-8-sig", newline=None), True
-        return stdin, False
+        if buf is None:  # a text stream handed in (a notebook, a test): already decoded
+            return stdin, False
+        compressed = _read_head(buf, "-")[:2] == _GZIP_MAGIC
+        raw = gzip.GzipFile(fileobj=buf, mode="rb") if compressed else buf
+        text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline=None)
+        # detach on the way out: closing the wrapper would close the process's stdin
+        stack.callback(lambda: text.detach() if not text.closed else None)
+        return text, compressed
     raw = stack.enter_context(_open_binary(path))
     kind = _sniff(_read_head(raw, path), path)
     if kind == "plain":
@@ -172,10 +219,11 @@ def _text_stream(path: str, stack: contextlib.ExitStack) -> tuple[IO[str], bool]
 
 
 class _LineCheck:
-    """Yields lines for Biopython's parser while checking what a parser would silently accept.
+    """Yields the input's lines in pieces, checking what a lenient parser would accept.
 
-    Biopython skips leading junk and decodes lazily; wrapping the line iterator lets the errors
-    (not FASTA, NUL bytes, undecodable bytes, truncated gzip) name the file and the line.
+    Lines come as `(piece, starts_line)` with at most `_PIECE` characters per piece, so an
+    endless line (`/dev/zero`, a stream without newlines) is never read into memory whole; the
+    errors (not FASTA, NUL bytes, undecodable bytes, truncated gzip) name the file and the line.
     """
 
     def __init__(self, stream: IO[str], path: str, compressed: bool) -> None:
@@ -183,25 +231,33 @@ class _LineCheck:
         self.lineno = 0
         self.started = False
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[tuple[str, bool]]:
         path = self.path
+        at_start = True
         try:
-            for line in self.stream:
-                self.lineno += 1
-                if "\x00" in line:
+            while True:
+                piece = self.stream.readline(_PIECE)
+                if not piece:
+                    return
+                starts, at_start = at_start, piece.endswith("\n")
+                if starts:
+                    self.lineno += 1
+                    if self.lineno == 1 and piece.startswith("\ufeff"):  # a BOM on a text stream
+                        piece = piece[1:]
+                if "\x00" in piece:
                     raise _fail(f"{path}: NUL byte at line {self.lineno} "
                                 "(binary file, not FASTA text)")
                 if not self.started:
-                    if not line.strip():
+                    if not piece.strip():
                         continue
-                    if line[0] != ">":
-                        snippet = line.strip()[:20]
+                    if not starts or piece[0] != ">":
+                        snippet = piece.strip()[:20]
                         raise _fail(
                             f"{path}: not FASTA: line {self.lineno} should start with '>' "
                             f"but starts with {snippet!r}"
                         )
                     self.started = True
-                yield line
+                yield piece, starts
         except UnicodeDecodeError as e:
             byte = e.object[e.start] if e.start < len(e.object) else 0
             raise _fail(
@@ -221,8 +277,70 @@ class _LineCheck:
                      f"({e})")
 
 
-def _iter_records(path: str) -> Iterator[tuple[str, str, str]]:
-    """(id, description, sequence without whitespace) for every record; raises on structure."""
+class _Sink(Protocol):
+    """Where a record's sequence goes as it is read, piece by piece."""
+
+    def add(self, piece: str) -> None: ...
+
+    def value(self) -> str: ...
+
+
+class _Raw:
+    """The whole sequence, whitespace removed, unchecked (regions check what they fetch)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def add(self, piece: str) -> None:
+        self.parts.append(piece.translate(_WHITESPACE))
+
+    def value(self) -> str:
+        return "".join(self.parts)
+
+
+class _Checked:
+    """A record's bases checked and cleaned (`_clean`) as they stream in, a batch of about
+    `_PIECE` bases at a time. With `tail`, only the last `tail` bases are kept, so a record of any
+    length reads in bounded memory; without, a record longer than `cap` is refused as soon as
+    it is."""
+
+    def __init__(self, what: str, iupac: str, key: int, tail: int | None,
+                 cap: LengthCap | None) -> None:
+        self.what, self.iupac, self.key, self.tail, self.cap = what, iupac, key, tail, cap
+        self.pending: list[str] = []
+        self.pending_len = 0
+        self.parts: deque[str] = deque()
+        self.kept = 0
+        self.seen = 0
+
+    def add(self, piece: str) -> None:
+        bases = piece.translate(_WHITESPACE)
+        self.pending.append(bases)
+        self.pending_len += len(bases)
+        if self.pending_len >= _PIECE:
+            self._flush()
+
+    def _flush(self) -> None:
+        bases = _clean("".join(self.pending), self.what, self.seen, self.iupac, self.key)
+        self.pending, self.pending_len = [], 0
+        self.seen += len(bases)
+        if self.tail is None and self.cap is not None and self.seen > self.cap.bases:
+            raise self.cap.refusal(self.what)
+        self.parts.append(bases)
+        self.kept += len(bases)
+        while self.tail is not None and self.kept - len(self.parts[0]) >= self.tail:
+            self.kept -= len(self.parts.popleft())
+
+    def value(self) -> str:
+        self._flush()
+        seq = "".join(self.parts)
+        return seq[-self.tail:] if self.tail is not None else seq
+
+
+def _iter_records(path: str, sink: Callable[[str], _Sink | None]
+                  ) -> Iterator[tuple[str, str, str | None]]:
+    """(id, description, sequence) for every record, the sequence as `sink(id)` collected it
+    (None when it returned None: the record is skipped unread); raises on structure."""
     with contextlib.ExitStack() as stack:
         try:
             stream, compressed = _text_stream(path, stack)
@@ -230,15 +348,45 @@ def _iter_records(path: str) -> Iterator[tuple[str, str, str]]:
             raise _fail(f"{path}: cannot read ({e})") from e
         lines = _LineCheck(stream, path, compressed)
         n = 0
-        for title, seq in SimpleFastaParser(lines):
+        header: list[str] | None = None  # pieces of a header line still being read
+        record: tuple[str, str, _Sink | None] | None = None
+        for piece, starts in lines:
+            if starts and piece.startswith(">"):
+                if record is not None:
+                    yield _finished(record)
+                record, header = None, [piece[1:]]
+            elif header is not None:
+                header.append(piece)
+                if sum(map(len, header)) > MAX_HEADER:
+                    raise _fail(f"{path}: the header at line {lines.lineno} is longer than "
+                                f"{MAX_HEADER:,} characters (not FASTA?)")
+            elif record is not None and record[2] is not None:
+                record[2].add(piece)
+            if header is not None and header[-1].endswith("\n"):
+                n += 1
+                record, header = _start_record(path, n, "".join(header), sink), None
+        if header is not None:  # the file ends inside its last header line
             n += 1
-            parts = title.split(None, 1)
-            if not parts:
-                raise _fail(f"{path}: record #{n} has an empty header (no ID after '>')")
-            yield parts[0], parts[1].strip() if len(parts) > 1 else "", seq.translate(_WHITESPACE)
+            record = _start_record(path, n, "".join(header), sink)
+        if record is not None:
+            yield _finished(record)
         if n == 0:
             what = "is empty" if lines.lineno == 0 else "contains only blank lines"
             raise _fail(f"{path}: {what}: no FASTA records")
+
+
+def _start_record(path: str, n: int, title: str, sink: Callable[[str], _Sink | None]
+                  ) -> tuple[str, str, _Sink | None]:
+    parts = title.rstrip().split(None, 1)
+    if not parts:
+        raise _fail(f"{path}: record #{n} has an empty header (no ID after '>')")
+    rid = parts[0]
+    return rid, parts[1].strip() if len(parts) > 1 else "", sink(rid)
+
+
+def _finished(record: tuple[str, str, _Sink | None]) -> tuple[str, str, str | None]:
+    rid, desc, sink = record
+    return rid, desc, sink.value() if sink is not None else None
 
 
 def _check_inputs(inputs: list[str]) -> None:
@@ -315,10 +463,10 @@ class _MemorySource:
         self._ids: list[str] = []
         self._seqs: dict[str, str] = {}
         seen: dict[str, str] = {}
-        for rid, _desc, seq in _iter_records(path):
+        for rid, _desc, seq in _iter_records(path, lambda rid: _Raw() if rid in wanted else None):
             _record_dup(rid, path, seen)
             self._ids.append(rid)
-            if rid in wanted:
+            if seq is not None:
                 self._seqs[rid] = seq
 
     def ids(self) -> list[str]:
@@ -515,9 +663,11 @@ def _open_source(path: str, wanted: set[str], index_dir: str | None) -> _Source:
 
 
 def _read_regions(
-    inputs: list[str], regions: list[str], tail: int | None, index_dir: str | None
+    inputs: list[str], regions: list[str], tail: int | None, index_dir: str | None,
+    iupac: str = "keep", cap: LengthCap | None = None,
 ) -> list[Prompt]:
-    """Extract the regions, in the order given, looking each record up across all inputs."""
+    """Extract the regions, in the order given, looking each record up across all inputs; with
+    a tail, only the tail of each region is fetched."""
     texts = list(regions)
     for t in texts:
         if not isinstance(t, str) or not t or any(c.isspace() for c in t):
@@ -568,7 +718,11 @@ def _read_regions(
             what = f"record {region.name!r} in {src.path}"
             if rid != region.name:
                 what += f" (region {rid})"
-            seq = _clean(src.fetch(region.name, start, end), what, offset=start - 1)
+            first = max(start, end - tail + 1) if tail is not None else start
+            if tail is None and cap is not None and end - start + 1 > cap.bases:
+                raise cap.refusal(what)
+            seq = _clean(src.fetch(region.name, first, end), what, first - 1, iupac,
+                         _record_key(region.name))
             if not seq:  # e.g. a record of blank lines that an index counted as bases
                 raise _fail(f"{what} is empty (no sequence)")
             prompts.append(Prompt(rid, "", _tail(seq, tail), f"{src.path}:{rid}"))
@@ -585,8 +739,9 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[Prompt]:
     Empty records are yielded (with an empty sequence); `read_prompts` refuses them.
     """
     path = os.fspath(path)
-    for rid, desc, seq in _iter_records(path):
-        yield Prompt(rid, desc, _clean(seq, f"record {rid!r} in {path}"), path)
+    for rid, desc, seq in _iter_records(path, lambda rid: _Checked(f"record {rid!r} in {path}",
+                                                                   "keep", 0, None, None)):
+        yield Prompt(rid, desc, seq or "", path)
 
 
 def read_prompts(
@@ -595,27 +750,36 @@ def read_prompts(
     prompt_tail: int | None = None,
     index_dir: str | None = None,
     shard: str | tuple[int, int] | None = None,
+    iupac: str = "keep",
+    cap: LengthCap | None = None,
 ) -> list[Prompt]:
     """Read, validate and upper-case every record of every input (or only `regions`).
 
     Without regions, records come in input order; with regions, only the regions, in the order
     given, with id `ID:START-END` (or `ID` for a whole record) and an empty description.
-    `prompt_tail` keeps the last N bases; `shard` ("I/N") keeps every N-th prompt from the I-th
-    (io/shard.py). Raises InputError with a one-line message.
+    `prompt_tail` keeps the last N bases (streaming: only those are held); without it a record
+    longer than `cap` is refused as soon as it is read that far. U becomes T and `iupac`
+    (alphabet.py) says what the other ambiguity codes become. `shard` ("I/N") keeps every N-th
+    prompt from the I-th (io/shard.py). Raises InputError with a one-line message.
     """
     tail = _check_tail(prompt_tail)
+    check_iupac(iupac)
     shard_t = parse_shard(shard) if shard is not None else None
     inputs = [os.fspath(p) for p in inputs]  # Path objects are fine too
     _check_inputs(inputs)
     if regions:
         index = None if index_dir is None else os.fspath(index_dir)
-        return select_shard(_read_regions(inputs, list(regions), tail, index), shard_t)
+        return select_shard(_read_regions(inputs, list(regions), tail, index, iupac, cap),
+                            shard_t)
     prompts: list[Prompt] = []
     seen: dict[str, str] = {}
     for path in inputs:
-        for p in iter_records(path):
-            if not p.seq:
-                raise _fail(f"record {p.id!r} in {path} is empty (no sequence)")
-            _record_dup(p.id, path, seen)
-            prompts.append(Prompt(p.id, p.description, _tail(p.seq, tail), path))
+        def sink(rid: str, path: str = path) -> _Checked:
+            return _Checked(f"record {rid!r} in {path}", iupac, _record_key(rid), tail, cap)
+
+        for rid, desc, seq in _iter_records(path, sink):
+            if not seq:
+                raise _fail(f"record {rid!r} in {path} is empty (no sequence)")
+            _record_dup(rid, path, seen)
+            prompts.append(Prompt(rid, desc, seq, path))
     return select_shard(prompts, shard_t)

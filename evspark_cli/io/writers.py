@@ -8,6 +8,7 @@ a run (disk full) is `RunError` (exit 1).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -15,9 +16,11 @@ import re
 import stat
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import InputError, RunError, SettingError
+from ..files import Output, atomic_path, check_distinct
 
 try:  # POSIX: refuse two processes appending to the same partial file
     import fcntl
@@ -25,9 +28,23 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["check_output_path", "check_distinct_outputs", "fasta_letters", "write_text_atomic",
-           "FastaOutput", "StatsOutput", "PARTIAL_SUFFIX"]
+           "atomic_path", "FastaOutput", "StatsOutput", "PARTIAL_SUFFIX", "kept_partials",
+           "forget_partials"]
 
 PARTIAL_SUFFIX = ".partial"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_UNFINISHED: set[str] = set()  # partial files this process created or resumed, not yet renamed
+
+
+def forget_partials() -> None:
+    """Start a new command: `kept_partials` reports only the files opened from now on."""
+    _UNFINISHED.clear()
+
+
+def kept_partials() -> list[str]:
+    """The `.partial` files this process started or resumed that are still there (unfinished):
+    what an interrupted or failed run can tell the user to resume."""
+    return sorted(p for p in _UNFINISHED if os.path.lexists(p))
 _T = TypeVar("_T", bound="_PartialOutput")
 _SEQ_OK = re.compile(rb"[A-Za-z*.\-]+")
 _SEQ_OK_STR = re.compile(r"[A-Za-z*.\-]*")
@@ -68,27 +85,16 @@ def check_output_path(path: str | None) -> None:
 
 def check_distinct_outputs(inputs: Sequence[str] | None,
                            outputs: Sequence[tuple[str, str | None]]) -> None:
-    """Outputs (option, path) must not be an input (it would be overwritten) nor each other."""
-    seen: dict[str, str] = {}
-    ins = {os.path.realpath(p) for p in (inputs or []) if p != "-" and os.path.exists(p)}
-    for opt, path in outputs:
-        if _is_stdout(path):
-            continue
-        assert path is not None
-        k = os.path.realpath(path)
-        if k in ins:
-            raise InputError(f"{opt} {path} is also an input; it would be overwritten")
-        if k in seen:
-            raise InputError(f"{opt} and {seen[k]} name the same file {path}")
-        seen[k] = opt
+    """Outputs (option, path), each written through `PATH.partial`, must not be an input (it
+    would be overwritten) nor each other, nor another's `.partial`: compared by file identity
+    (files.py), so another path to the same file is caught too."""
+    check_distinct(inputs, [Output(opt, path, (PARTIAL_SUFFIX,)) for opt, path in outputs])
 
 
 def write_text_atomic(path: str, text: str) -> None:
     """A small output (a JSON report) written whole or not at all."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text)
 
 
 def fasta_letters(text: str) -> str:
@@ -109,7 +115,9 @@ class _PartialOutput:
         self.path: str | None = None if _is_stdout(path) else path
         self.partial: str | None = None
         self.done_ids: set[str] = set()
+        self.existed = False  # True when this run continues a partial another run left
         self._fd: int | None = None
+        self._ident: tuple[int, int] | None = None  # (device, inode) of the partial this run holds
         self._finished = False
         if self.path is None:
             if resume:
@@ -117,17 +125,24 @@ class _PartialOutput:
             return
         check_output_path(self.path)
         self.partial = self.path + PARTIAL_SUFFIX
-        if os.path.isdir(self.partial):
-            raise InputError(f"{self.partial}: is a directory; remove it")
-        if os.path.lexists(self.partial):
-            if not resume:
-                raise InputError(
-                    f"{self.partial} exists (left by an interrupted run): "
-                    "pass --resume to continue it, or delete it"
-                )
-            self._resume()
-        else:
+        try:
+            st = os.lstat(self.partial)
+        except FileNotFoundError:
             self._create()
+            return
+        except OSError as e:
+            raise InputError(f"{self.partial}: cannot inspect it ({e.strerror or e})") from None
+        self._refuse_odd(st)
+        holder = _lock_holder(self.partial)
+        if holder is not None:
+            raise self._in_use(holder)
+        if not resume:
+            raise InputError(
+                f"{self.partial} exists (left by an interrupted run): "
+                "pass --resume to continue it, or delete it"
+            )
+        self.existed = True
+        self._resume()
 
     # -- subclass hooks
     def _preamble(self) -> str:
@@ -137,41 +152,67 @@ class _PartialOutput:
         raise NotImplementedError
 
     # -- file handling
-    def _lock(self) -> None:
-        assert self._fd is not None
-        if fcntl is None:
-            return
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self._fd)
-            self._fd = None
-            raise InputError(f"{self.partial}: another process is writing it") from None
+    def _refuse_odd(self, st: os.stat_result) -> None:
+        """Only a regular file is a partial: a symlink is never followed (it could point at any
+        file, which the run would truncate and rename away)."""
+        if stat.S_ISLNK(st.st_mode):
+            raise InputError(f"{self.partial} is a symbolic link; refusing to follow it "
+                             "(delete it to start over)")
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(f"{self.partial}: is a directory; remove it")
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{self.partial}: not a regular file; remove it")
+
+    def _in_use(self, holder: int) -> InputError:
+        who = f"process {holder}" if holder > 0 else "another process"
+        return InputError(f"{self.partial} is in use by {who} (a run writing {self.path}); "
+                          "wait for it to finish or stop it")
+
+    def _open(self, flags: int) -> None:
+        """Open the partial without following a symlink, lock it, and remember which file it
+        is (`finish` renames it only if the name still holds this file)."""
+        assert self.partial is not None
+        self._fd = os.open(self.partial, flags | _NOFOLLOW, 0o666)
+        st = os.fstat(self._fd)
+        if not stat.S_ISREG(st.st_mode):
+            self.close()
+            raise InputError(f"{self.partial}: not a regular file; remove it")
+        self._ident = (st.st_dev, st.st_ino)
+        if fcntl is not None:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                self.close()
+                raise self._in_use(_holder_of(st)) from None
+        _UNFINISHED.add(os.path.abspath(self.partial))
 
     def _create(self) -> None:
         assert self.partial is not None
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         try:
-            self._fd = os.open(self.partial, flags, 0o666)
+            self._open(os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
         except FileExistsError:
+            holder = _lock_holder(self.partial)
+            if holder is not None:
+                raise self._in_use(holder) from None
             raise InputError(f"{self.partial} appeared while starting (another run?); "
-                             "delete it") from None
+                             "pass --resume to continue it, or delete it") from None
         except OSError as e:
             raise InputError(f"{self.partial}: cannot create ({e.strerror or e})") from None
-        self._lock()
         if self._preamble():
             self._write_bytes(self._preamble().encode("utf-8"))
 
     def _resume(self) -> None:
         assert self.partial is not None
         try:
-            self._fd = os.open(self.partial, os.O_RDWR | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
+            self._open(os.O_RDWR | os.O_APPEND)
         except OSError as e:
+            if os.path.islink(self.partial):
+                raise InputError(f"{self.partial} is a symbolic link; refusing to follow it "
+                                 "(delete it to start over)") from None
             raise InputError(f"{self.partial}: cannot open to resume ({e.strerror or e})") from None
-        self._lock()
+        assert self._fd is not None
         try:
-            with open(self.partial, "rb") as f:
-                data = f.read()
+            data = _read_all(self._fd)
         except OSError as e:
             self.close()
             raise InputError(f"{self.partial}: cannot read to resume ({e.strerror or e})") from None
@@ -220,10 +261,13 @@ class _PartialOutput:
     def finish(self, order: Sequence[str] | None = None) -> None:
         """Success: rename the partial onto OUTPUT (atomic on POSIX). Call it explicitly.
 
-        `order`: the record ids in the order the output should have them. Records written out
-        of that order (finished while an earlier one was still running when a run stopped, or
-        redone by `--resume` after a failure) are put back in it first, so a resumed run gives
-        the file an uninterrupted one would have."""
+        Only if `PATH.partial` is still the file this run wrote: one deleted or replaced under
+        a live run (another run started on it) is never renamed, and this run's records are
+        saved beside it instead (RunError, exit 1). `order`: the record ids in the order the
+        output should have them. Records written out of that order (finished while an earlier
+        one was still running when a run stopped, or redone by `--resume` after a failure) are
+        put back in it first, so a resumed run gives the file an uninterrupted one would
+        have."""
         if self._finished:
             return
         if self.path is None:
@@ -235,6 +279,8 @@ class _PartialOutput:
             raise ValueError("output is closed")
         try:
             os.fsync(self._fd)
+            if not self._still_ours():
+                raise self._lost()
             if order is not None and self._reorder(order):
                 os.unlink(self.partial)  # its records are in OUTPUT, in order
             else:
@@ -245,6 +291,7 @@ class _PartialOutput:
         finally:
             self.close()
         self._finished = True
+        _UNFINISHED.discard(os.path.abspath(self.partial))
         try:  # make the rename itself durable
             dfd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
             try:
@@ -268,9 +315,8 @@ class _PartialOutput:
             return False
         spans = {rid: data[a:b] for rid, a, b in records}
         head = data[: records[0][1]] if records else data
-        tmp = f"{self.path}.ordered{PARTIAL_SUFFIX}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
-                     0o666)
+        tmp = f"{self.path}.ordered.{os.getpid()}{PARTIAL_SUFFIX}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o666)
         try:
             os.write(fd, head + b"".join(spans[rid] for rid in wanted))
             os.fsync(fd)
@@ -282,6 +328,34 @@ class _PartialOutput:
     def _records(self, data: bytes) -> list[tuple[str, int, int]]:
         """(id, start, end) of every record in a complete partial's bytes, in file order."""
         raise NotImplementedError
+
+    def _still_ours(self) -> bool:
+        assert self.partial is not None
+        try:
+            st = os.lstat(self.partial)
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == self._ident
+
+    def _lost(self) -> RunError:
+        """The partial was deleted or replaced under this run: save what this run wrote (still
+        readable through its descriptor) to a new file beside it, never over anything."""
+        assert self._fd is not None and self.partial is not None
+        rescue = f"{self.partial}.{os.getpid()}"
+        why = f"{self.partial} was deleted or replaced while this run was writing it"
+        try:
+            data = _read_all(self._fd)
+            fd = os.open(rescue, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o666)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            return RunError(f"{why}; its records could not be saved ({e.strerror or e}), "
+                            f"{self.path} was not written")
+        return RunError(f"{why}, so {self.path} was not written; this run's records are in "
+                        f"{rescue} (rename it to {self.partial} and rerun with --resume)")
 
     def close(self) -> None:
         """Close without renaming (what happens on an exception): the partial stays for --resume."""
@@ -297,6 +371,60 @@ class _PartialOutput:
 
     def _corrupt(self, detail: str) -> InputError:
         return InputError(f"{self.partial}: cannot resume, {detail}; delete it to start over")
+
+    def discard(self) -> None:
+        """Close and delete a partial this run created and wrote no record to (a run that
+        never started); anything else is kept."""
+        self.close()
+        if (self.partial and not self.existed and not self.done_ids and self._ident is not None
+                and self._still_ours()):
+            with contextlib.suppress(OSError):
+                os.remove(self.partial)
+            _UNFINISHED.discard(os.path.abspath(self.partial))
+
+
+def _read_all(fd: int) -> bytes:
+    """The whole file behind `fd`, from its start (without moving an O_APPEND writer)."""
+    chunks, offset = [], 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)
+
+
+def _lock_holder(path: str) -> int | None:
+    """None when no process holds `path`'s lock; else the holder's pid (0 when unknown)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _holder_of(os.fstat(fd))
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _holder_of(st: os.stat_result) -> int:
+    """The pid holding a lock on the file `st` describes, from /proc/locks (Linux), another
+    process's before this one's; 0 when it cannot be told."""
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    holders: list[int] = []
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()  # "1: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF"
+            if len(fields) >= 6 and "->" not in fields and fields[5] == dev:  # "->": a waiter
+                holders.append(int(fields[4]))
+    others = [pid for pid in holders if pid != os.getpid()]
+    return (others or holders or [0])[0]
 
 
 def _split_lines(data: bytes) -> list[tuple[int, int, bool]]:
@@ -340,19 +468,30 @@ class FastaOutput(_PartialOutput):
         body = "".join(seq[i : i + w] + "\n" for i in range(0, len(seq), w))
         self._emit(header + "\n" + body, record_id)
 
-    def check_resumed(self, want: Mapping[str, str]) -> None:
-        """Refuse to --resume a FASTA whose finished records were made with other settings (their
-        headers record them as `evspark key=value ...`): the final file would mix two runs."""
+    def check_resumed(self, want: Mapping[str, str],
+                      records: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        """Refuse to --resume a FASTA whose finished records were made otherwise (their headers
+        record the settings as `evspark key=value ...`): the final file would mix two runs.
+
+        `want` holds the settings every header must show; `records`, when given, this run's
+        record ids, each with what its own header must show (its prompt's hash): a finished
+        record this run would not write (other inputs, regions, shard or samples) is refused."""
         for rid, desc in self.done_descriptions.items():
+            if records is not None and rid not in records:
+                raise InputError(f"--resume: {self.partial} has record '{rid}', which this run "
+                                 "does not write (other inputs, --region, --shard or --samples?);"
+                                 " rerun with the same options or delete the .partial")
             words = desc.split()
-            if not words or words[0] != "evspark":  # not a header this tool wrote
-                continue
+            if not words or words[0] != "evspark":
+                raise self._corrupt(f"record '{rid}' has a header evspark did not write")
             got = dict(w.split("=", 1) for w in words[1:] if "=" in w)
-            for key, value in want.items():
-                if key in got and got[key] != value:
+            expected = {**want, **(records or {}).get(rid, {})}
+            for key, value in expected.items():
+                if got.get(key) != value:
+                    had = f"{key}={got[key]}" if key in got else f"no {key} recorded"
                     raise InputError(f"--resume: {self.partial} has record '{rid}' made with "
-                                     f"{key}={got[key]}, this run has {key}={value}; rerun with "
-                                     "the same options or delete the .partial")
+                                     f"{had}, this run has {key}={value}; rerun with the same "
+                                     "options or delete the .partial")
 
     def _scan(self, data: bytes) -> tuple[int, list[str]]:
         lines = _split_lines(data)
@@ -524,6 +663,28 @@ class StatsOutput(_PartialOutput):
             assert row is not None, "a finished stats file has complete rows"
             out.append((str(row.get(self.id_column)), a, b + 1))
         return out
+
+    def check_resumed(self, expected: Mapping[str, Mapping[str, Any]]) -> None:
+        """Refuse to --resume a stats file whose rows another run wrote: `expected` maps each
+        record id this run writes to the values its row must hold (new_tokens, drafter...); a
+        row for another record, or with another value, is a stale file (e.g. from a run with
+        another -n) that would be continued as if it were this run's."""
+        for row in self.done_rows:
+            rid = str(row.get(self.id_column))
+            if rid not in expected:
+                raise InputError(f"--resume: {self.partial} has a row for '{rid}', which this run "
+                                 "does not write (a stats file of another run?); delete it")
+            for key, value in expected[rid].items():
+                want = self._cell(value)
+                got = row.get(key)
+                if got != want:
+                    raise InputError(f"--resume: {self.partial} has a row for '{rid}' with "
+                                     f"{key}={got}, this run has {key}={want}; rerun with the "
+                                     "same options or delete the .partial")
+
+    def _cell(self, value: Any) -> Any:
+        """`value` as a resumed row holds it (TSV: its cell text; JSONL: its JSON value)."""
+        return _tsv_cell(value) if self.format == "tsv" else _json_value(value)
 
     def _parse_row(self, raw: bytes) -> dict[str, Any] | None:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
 import re
 from pathlib import Path
@@ -22,6 +23,7 @@ from ..bundled import default_model_dir
 from ..errors import InputError, ModelError
 from .config import ModelConfig
 from .layers import input_major
+from .memory import Budget, check_load_fits, load_bytes, memory_budget
 from .model import StripedHyena
 
 FP32_KEEP = ("filter.log_poles", "filter.residues", "rotary_emb.inv_freq")
@@ -77,6 +79,17 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
                          f"({_short(e)})") from None
 
 
+def safetensors_elements(path: Path) -> int:
+    """How many numbers a safetensors file holds, from its header alone (nothing is read into
+    memory): what a config must describe before a model is built for it."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise ModelError(f"cannot read {path}: corrupt or not a safetensors file "
+                         f"({_short(e)})") from None
+
+
 def _short(e: BaseException) -> str:
     return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
 
@@ -103,25 +116,43 @@ def check_tensors_against(model: torch.nn.Module, tensors: dict[str, Tensor], so
             own[name].copy_(t.to(own[name].dtype))
 
 
-def load_model(path: str | Path | None = None, device: str | None = "cpu",
-               dtype: str | torch.dtype | None = None, cuda_graphs: bool = True,
-               compile: bool = False) -> StripedHyena:
-    """Load a model folder (None = the bundled target) for inference.
-
-    On a GPU, decode steps and verification blocks replay CUDA graphs unless `cuda_graphs` is
-    False; on a CPU, `compile` runs them through torch.compile (model/graphs.py)."""
+def model_folder(path: str | Path | None) -> Path:
+    """The model folder `path` names (None: the bundled target), checked to hold a model."""
     folder = Path(path) if path is not None else default_model_dir()
+    if folder.exists() and not folder.is_dir():
+        raise ModelError(f"{folder} is a file, not a model folder (give the folder that holds "
+                         f"{CONFIG} and {WEIGHTS})")
     if not folder.is_dir():
         raise ModelError(f"model folder {folder} does not exist")
     for need in (CONFIG, WEIGHTS):
         if not (folder / need).is_file():
             raise ModelError(f"model folder {folder} has no {need}")
+    return folder
+
+
+def load_model(path: str | Path | None = None, device: str | None = "cpu",
+               dtype: str | torch.dtype | None = None, cuda_graphs: bool = True,
+               compile: bool = False, max_memory: str | int | None = None) -> StripedHyena:
+    """Load a model folder (None = the bundled target) for inference.
+
+    The config is checked against the weights file's header and against the memory there is
+    (or `max_memory`, e.g. "8G") before anything is built: a config that asks for more than its
+    weights or the machine hold is refused (ModelError) instead of allocating until memory runs
+    out. On a GPU, decode steps and verification blocks replay CUDA graphs unless `cuda_graphs`
+    is False; on a CPU, `compile` runs them through torch.compile (model/graphs.py)."""
+    folder = model_folder(path)
     cfg = ModelConfig.load(folder / CONFIG)
-    tensors = read_safetensors(folder / WEIGHTS)
-    model = StripedHyena(cfg)
-    check_tensors_against(model, tensors, folder / WEIGHTS)
     dev = resolve_device(device)
-    model = cast_model(model.to(dev), resolve_dtype(dtype, dev))
+    dt = resolve_dtype(dtype, dev)
+    host, gpu = load_budgets(dev, max_memory)
+    weights = folder / WEIGHTS
+    check_load_fits(cfg, safetensors_elements(weights), weights.stat().st_size, host, gpu, dt,
+                    what=f"model {folder}")
+    tensors = read_safetensors(weights)
+    model = StripedHyena(cfg)
+    check_tensors_against(model, tensors, weights)
+    del tensors
+    model = cast_model(model.to(dev), dt)
     model.eval()
     if dev.type == "cpu":
         input_major(model, extra=(model.embedding_layer.weight,))
@@ -133,8 +164,19 @@ def load_model(path: str | Path | None = None, device: str | None = "cpu",
     return model
 
 
+def load_budgets(device: torch.device, max_memory: str | int | None = None
+                 ) -> tuple[Budget, Budget | None]:
+    """The host's budget and, on a GPU, the GPU's; `max_memory` limits where the model runs."""
+    if device.type == "cuda":
+        return memory_budget("cpu"), memory_budget(device, max_memory)
+    return memory_budget("cpu", max_memory), None
+
+
 def save_model(model: StripedHyena, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write config.json and model.safetensors (optionally cast, fp32 filters kept), atomically."""
+    """Write config.json and model.safetensors (optionally cast, fp32 filters kept), each
+    atomically through a fresh temporary file (never through a planted symlink)."""
+    from ..files import atomic_path
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
@@ -143,10 +185,10 @@ def save_model(model: StripedHyena, out_dir: str | Path, dtype: torch.dtype | No
         if dtype is not None and t.is_floating_point() and not k.endswith(FP32_KEEP):
             t = t.to(dtype)
         tensors[k] = t.contiguous().clone()
-    tmp = out / (WEIGHTS + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt", "producer": "evspark"})
-    os.replace(tmp, out / WEIGHTS)
-    model.config.save(out / CONFIG)
+    with atomic_path(str(out / WEIGHTS)) as tmp:
+        save_file(tensors, tmp, metadata={"format": "pt", "producer": "evspark"})
+    with atomic_path(str(out / CONFIG)) as tmp:
+        model.config.save(tmp)
     return out
 
 
@@ -205,10 +247,19 @@ def evo2_to_evspark(raw: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tenso
     return out
 
 
-def _check_output_dir(out: Path) -> None:
-    """Refuse an output folder that cannot be one, before any work (exit 2, one line)."""
+def _check_output_dir(out: Path, inputs: tuple[Path, ...] = ()) -> None:
+    """Refuse an output folder that cannot be one, or that already holds a model or one of
+    the inputs (compared by identity), before any work (exit 2, one line)."""
+    from ..files import Output, check_distinct
+
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a folder; give a new or existing folder")
+    check_distinct([str(p) for p in inputs],
+                   [Output("--output", str(out / WEIGHTS)), Output("--output", str(out / CONFIG))])
+    for name in (CONFIG, WEIGHTS):
+        if os.path.lexists(out / name):
+            raise InputError(f"{out} already holds a model ({name}); give a new folder or "
+                             "delete it")
     parent = out.parent if not out.exists() else out
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -216,13 +267,21 @@ def _check_output_dir(out: Path) -> None:
         raise InputError(f"{out}: cannot create a model folder there ({parent} is not writable)")
 
 
-def convert_checkpoint(checkpoint: str | Path, config: str | Path, out_dir: str | Path) -> Path:
-    """An Evo 2 / vortex checkpoint (.pt or .safetensors) + config (.yml/.json) -> model folder."""
+def convert_checkpoint(checkpoint: str | Path, config: str | Path, out_dir: str | Path,
+                       max_memory: str | int | None = None) -> Path:
+    """An Evo 2 / vortex checkpoint (.pt or .safetensors) + config (.yml/.json) -> model folder.
+
+    Nothing is written over an input or an existing model, and a config whose model would not
+    fit in memory (or `max_memory`) is refused before it is built."""
     ckpt = Path(checkpoint)
     if not ckpt.is_file():
         raise ModelError(f"checkpoint {ckpt} does not exist")
-    _check_output_dir(Path(out_dir))
+    _check_output_dir(Path(out_dir), (ckpt, Path(config)))
     cfg = ModelConfig.load(config)
+    need = load_bytes(cfg, ckpt.stat().st_size)
+    reason = memory_budget("cpu", max_memory).refusal(need, f"converting {ckpt}")
+    if reason is not None:
+        raise ModelError(f"{reason}; use a machine with more memory (or a larger --max-memory)")
     raw = read_safetensors(ckpt) if ckpt.suffix == ".safetensors" else _read_pt(ckpt)
     tensors = evo2_to_evspark(raw, cfg)
     model = StripedHyena(cfg)

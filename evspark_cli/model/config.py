@@ -64,7 +64,7 @@ class ModelConfig:
         if self.inner_mlp_size:
             return int(self.inner_mlp_size)
         m = self.inner_size_multiple_of
-        return int(math.ceil(int(2 * self.hidden_size * 4 / 3) / m) * m)
+        return -(-(8 * self.hidden_size // 3) // m) * m  # integers: exact at any size
 
     @property
     def rope_scale(self) -> float:
@@ -81,7 +81,17 @@ class ModelConfig:
 
     @property
     def layer_pattern(self) -> list[str]:
-        return [self.block_type(i) for i in range(self.num_layers)]
+        """Each layer's kind, in one pass over the index lists (as `block_type` decides a layer
+        named twice), so even a config with a million layers is judged at once."""
+        kinds: dict[int, str] = {}
+        for name, idxs in (("attn", self.attn_layer_idxs), ("hcl", self.hcl_layer_idxs),
+                           ("hcm", self.hcm_layer_idxs), ("hcs", self.hcs_layer_idxs)):
+            for i in idxs:
+                kinds.setdefault(i, name)
+        missing = next((i for i in range(self.num_layers) if i not in kinds), None)
+        if missing is not None:
+            raise ModelError(f"config: layer {missing} is in none of attn/hcl/hcm/hcs_layer_idxs")
+        return [kinds[i] for i in range(self.num_layers)]
 
     @property
     def drafter_layers(self) -> list[int]:
@@ -93,36 +103,51 @@ class ModelConfig:
         return picks
 
     def validate(self) -> None:
+        """Refuse (ModelError, one line) a config no model can be built from: wrong types,
+        sizes below 1, NaN or infinite numbers, layer lists that do not cover the layers."""
+        if not isinstance(self.model_name, str):
+            raise ModelError(f"config: model_name must be a string, got {self.model_name!r}")
+        for name in _BOOLS:
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise ModelError(f"config: {name} must be true or false, got {v!r}")
+        for name in _FLOATS:
+            v = getattr(self, name)
+            if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                    or v <= 0):
+                raise ModelError(f"config: {name} must be a finite number > 0, got {v!r}")
         for name in ("hcs_layer_idxs", "hcm_layer_idxs", "hcl_layer_idxs", "attn_layer_idxs"):
             v = getattr(self, name)
-            if not isinstance(v, list) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                  for i in v):
-                raise ModelError(f"config: {name} must be a list of layer indices, got {v!r}")
+            if not isinstance(v, list) or not all(_is_int(i) for i in v):
+                raise ModelError(f"config: {name} must be a list of layer indices, got "
+                                 f"{_short(v)}")
         if self.hidden_layers is not None and (
                 not isinstance(self.hidden_layers, list) or not self.hidden_layers
-                or not all(isinstance(i, int) and not isinstance(i, bool)
-                           for i in self.hidden_layers)):
+                or not all(_is_int(i) for i in self.hidden_layers)):
             raise ModelError("config: hidden_layers must be null or a non-empty list of layer "
-                             f"indices, got {self.hidden_layers!r}")
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "hcs_filter_length",
-                     "hcm_filter_length", "state_size", "short_filter_length", "max_seqlen",
-                     "prefill_chunk", "inner_size_multiple_of"):
+                             f"indices, got {_short(self.hidden_layers)}")
+        for name in _SIZES:
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ModelError(f"config: {name} must be an integer >= 1, got {v!r}")
-        if not isinstance(self.vocab_size, int) or self.vocab_size < 256:
+            if not _is_int(v) or v < 1:
+                raise ModelError(f"config: {name} must be an integer >= 1, got {_short(v)}")
+        if self.inner_mlp_size is not None and (not _is_int(self.inner_mlp_size)
+                                                or self.inner_mlp_size < 1):
+            raise ModelError("config: inner_mlp_size must be null or an integer >= 1, got "
+                             f"{_short(self.inner_mlp_size)}")
+        if self.vocab_size < 256:
             raise ModelError("config: vocab_size must be >= 256 (byte tokenizer), "
                              f"got {self.vocab_size!r}")
         d = self.hidden_size
         if d % self.num_attention_heads or self.head_dim % 2:
             raise ModelError("config: hidden_size must split into attention heads of even size")
         for g, name in ((self.hcs_filter_groups, "hcs"), (self.hcm_filter_groups, "hcm")):
-            if g <= 0 or d % g:
+            if d % g:
                 raise ModelError(f"config: {name}_filter_groups={g} does not divide "
                                  f"hidden_size={d}")
         seen = (self.hcs_layer_idxs + self.hcm_layer_idxs + self.hcl_layer_idxs
                 + self.attn_layer_idxs)
-        if sorted(seen) != list(range(self.num_layers)):
+        # lengths first: num_layers = 10**30 must not build a list of that many indices
+        if len(seen) != self.num_layers or sorted(seen) != list(range(self.num_layers)):
             raise ModelError("config: the layer index lists must cover 0..num_layers-1 exactly "
                              "once")
         for i in self.drafter_layers:
@@ -138,7 +163,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        """Build from an EvSpark or Evo 2 config dict; unknown Evo 2 fields are ignored."""
+        """Build from an EvSpark or Evo 2 config dict (checked: `validate`); unknown Evo 2
+        fields are ignored."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         kw = {k: _coerce(k, v, str(fields[k].type)) for k, v in d.items() if k in fields}
         if "num_layers" not in kw:
@@ -151,21 +177,47 @@ class ModelConfig:
     def load(cls, path: str | Path) -> "ModelConfig":
         """Read config.json, or an Evo 2 YAML (flat key: value file) by extension."""
         p = Path(path)
+        kind = "YAML" if p.suffix in (".yml", ".yaml") else "JSON"
         try:
-            text = p.read_text()
+            with open(p, "rb") as f:
+                raw = f.read(MAX_CONFIG_BYTES + 1)
         except OSError as e:
             raise ModelError(f"cannot read config {p}: {e.strerror or e}") from None
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ModelError(f"config {p} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a "
+                             "model config")
         try:
-            if p.suffix in (".yml", ".yaml"):
-                data = parse_flat_yaml(text)
-            else:
-                data = json.loads(text)
-        except (ValueError, json.JSONDecodeError) as e:
-            kind = "YAML" if p.suffix in (".yml", ".yaml") else "JSON"
-            raise ModelError(f"config {p} is not valid {kind}: {e}") from None
+            text = raw.decode("utf-8-sig")
+            data = parse_flat_yaml(text) if kind == "YAML" else json.loads(text)
+        except (ValueError, RecursionError) as e:  # RecursionError: absurdly deep nesting
+            why = "nested too deeply" if isinstance(e, RecursionError) else " ".join(
+                str(e).split())[:200]
+            raise ModelError(f"config {p} is not valid {kind}: {why}") from None
         if not isinstance(data, dict):
             raise ModelError(f"config {p} is not a mapping")
         return cls.from_dict(data)
+
+
+MAX_CONFIG_BYTES = 64 << 20
+"""The largest config file read (a million-layer config is ~10 MiB of JSON)."""
+
+_BOOLS = ("use_interpolated_rotary_pos_emb", "evo2_style_activations", "tie_embeddings",
+          "final_norm", "mha_out_proj_bias", "hyena_out_proj_bias", "qkv_proj_bias",
+          "short_filter_bias", "interleave", "column_split")
+_FLOATS = ("eps", "rotary_emb_base", "rotary_emb_scaling_factor")
+_SIZES = ("vocab_size", "num_layers", "hidden_size", "num_attention_heads", "hcs_filter_length",
+          "hcs_filter_groups", "hcm_filter_length", "hcm_filter_groups", "state_size",
+          "short_filter_length", "max_seqlen", "prefill_chunk", "inner_size_multiple_of")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _short(v: Any) -> str:
+    """A value for a one-line message (a config can hold megabytes in one field)."""
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _coerce(name: str, value: Any, typ: str) -> Any:
@@ -180,8 +232,8 @@ def _coerce(name: str, value: Any, typ: str) -> Any:
             return int(f)
         if typ.startswith("bool") and isinstance(value, str):
             return {"true": True, "false": False}[value.lower()]
-    except (ValueError, TypeError, KeyError):
-        raise ModelError(f"config: field {name} has an invalid value {value!r}") from None
+    except (ValueError, TypeError, KeyError, OverflowError):
+        raise ModelError(f"config: field {name} has an invalid value {_short(value)}") from None
     return value
 
 

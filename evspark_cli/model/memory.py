@@ -10,23 +10,29 @@ one line instead of failing (or swapping) after minutes. They count what the eng
   states per position) and the block's activations;
 - the prompt being prefilled (one chunk's activations and FFT buffers) and the one-row copies
   a batch makes while rows join it.
+
+Loading is estimated too (`check_load_fits`): a config that asks for a model far larger than
+its weights file, or than the machine, is refused before a single tensor is built. The budget
+(`memory_budget`) is the memory available, or less where `--max-memory` / EVSPARK_MAX_MEMORY
+say so, and every refusal names the estimate and which limit it broke.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, ModelError, SettingError
 from .config import ModelConfig
 
 FP32 = 4
 
 
 def _kinds(cfg: ModelConfig) -> list[str]:
-    return [cfg.block_type(i) for i in range(cfg.num_layers)]
+    return cfg.layer_pattern
 
 
 def parameter_count(cfg: ModelConfig) -> int:
@@ -36,7 +42,8 @@ def parameter_count(cfg: ModelConfig) -> int:
     for kind in _kinds(cfg):
         n += 2 * D + 3 * D * F  # two norms, gated MLP
         if kind == "attn":
-            n += 3 * D * D + D * D + D  # Wqkv, out_proj + bias
+            n += 3 * D * D + D * D  # Wqkv, out_proj
+            n += D if cfg.mha_out_proj_bias else 0
             n += 3 * D if cfg.qkv_proj_bias else 0
             n += cfg.head_dim // 2  # rotary inv_freq (a buffer)
             continue
@@ -116,72 +123,175 @@ def run_memory(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dty
     return RunMemory(params, per_row, transient)
 
 
-def available_bytes(device: torch.device | str = "cpu") -> int | None:
-    """Memory this process may still use: free GPU memory on CUDA; on a CPU the smaller of the
-    kernel's MemAvailable and the cgroup's limit minus its usage (a SLURM job's or container's
-    share). None when nothing can be read."""
+def _limits(device: torch.device | str = "cpu") -> list[tuple[int, str]]:
+    """Every limit on this process's memory that can be read, each with its name."""
     dev = torch.device(device)
     if dev.type == "cuda":
         free, _ = torch.cuda.mem_get_info(dev)
-        return int(free)
-    found: list[int] = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        found = [(int(free), "free GPU memory")]
+    else:
+        found = []
         try:
-            limit = Path(limit_file).read_text().strip()
-            usage = int(Path(usage_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < 1 << 60:
-            found.append(max(int(limit) - usage, 0))
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    found.append((int(line.split()[1]) * 1024, "available memory"))
+        except (OSError, ValueError, IndexError):
+            pass
+        for limit_file, usage_file in (
+                ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                 "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+            try:
+                limit = Path(limit_file).read_text().strip()
+                usage = int(Path(usage_file).read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if limit.isdigit() and int(limit) < 1 << 60:
+                found.append((max(int(limit) - usage, 0), "available memory (cgroup)"))
     env = os.environ.get("EVSPARK_MAX_MEMORY")
     if env:
-        found.append(parse_size(env))
-    return min(found) if found else None
+        found.append((parse_size(env, None), "EVSPARK_MAX_MEMORY"))
+    return found
 
 
-def parse_size(text: str) -> int:
-    """'12G', '512M', '2.5GiB', '1000000' -> bytes (binary units)."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+def available_bytes(device: torch.device | str = "cpu") -> int | None:
+    """Memory this process may still use: free GPU memory on CUDA; on a CPU the smaller of the
+    kernel's MemAvailable and the cgroup's limit minus its usage (a SLURM job's or container's
+    share); never more than EVSPARK_MAX_MEMORY. None when nothing can be read."""
+    found = _limits(device)
+    return min(b for b, _ in found) if found else None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The bytes a run may use (None: unknown, nothing is refused) and the limit that says so,
+    named in a refusal ("--max-memory", "available memory"...)."""
+
+    bytes: int | None
+    source: str = "available memory"
+
+    def refusal(self, need: int, what: str) -> str | None:
+        """A one-line reason to refuse `what` needing `need` bytes, or None when it fits."""
+        if self.bytes is None or need <= self.bytes:
+            return None
+        return f"{what} needs about {gib(need)} of memory, {self.source} is {gib(self.bytes)}"
+
+
+def memory_budget(device: torch.device | str = "cpu",
+                  max_memory: str | int | None = None) -> Budget:
+    """The tightest of the readable limits (`_limits`) and `max_memory` (a size such as "8G",
+    or bytes): what a run on `device` may use."""
+    found = _limits(device)
+    if max_memory is not None:
+        limit = parse_size(max_memory) if isinstance(max_memory, str) else int(max_memory)
+        if limit <= 0:
+            raise SettingError.of("max_memory", f"must be positive, got {max_memory!r}")
+        found.append((limit, "--max-memory"))
+    if not found:
+        return Budget(None)
+    return Budget(*min(found, key=lambda f: f[0]))
+
+
+def run_budget(device: torch.device | str, max_memory: str | int | None,
+               loaded_bytes: int) -> Budget:
+    """What a run may still use once its model (`loaded_bytes`) is in memory: the available
+    memory read now (which no longer counts the model), or a fixed limit (--max-memory,
+    EVSPARK_MAX_MEMORY, which counts the whole run) less the model."""
+    found = []
+    for nbytes, source in _limits(device) + ([(parse_size(max_memory), "--max-memory")]
+                                             if max_memory is not None else []):
+        fixed = source in ("--max-memory", "EVSPARK_MAX_MEMORY")
+        found.append((max(nbytes - loaded_bytes, 0) if fixed else nbytes,
+                      f"{source} less the model" if fixed else source))
+    return Budget(*min(found, key=lambda f: f[0])) if found else Budget(None)
+
+
+def parse_size(text: str | int, setting: str | None = "max_memory") -> int:
+    """'12G', '512M', '2.5GiB', '1000000' -> bytes (binary units). A bad size is a SettingError
+    naming `setting` (None: a plain InputError, e.g. for an environment variable)."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
     number = t[:-1] if t[-1:] in "KMGT" and t[-1:] else t
     try:
         value = float(number)
     except ValueError:
-        raise InputError(f"memory size {text!r}: use a number with K, M, G or T") from None
-    if not value > 0:
-        raise InputError(f"memory size {text!r} must be positive")
+        value = math.nan
+    if not (math.isfinite(value) and value > 0 and value * scale >= 1):
+        problem = f"must be a positive size such as 512M or 8G, got {text!r}"
+        if setting is None:
+            raise InputError(f"memory size {problem}")
+        raise SettingError.of(setting, problem)
     return int(value * scale)
 
 
+def load_bytes(cfg: ModelConfig, weights_bytes: int) -> int:
+    """Host memory while loading: the model built in fp32 and the weights file's tensors read
+    beside it (the copy into the model and the cast then go tensor by tensor)."""
+    return parameter_count(cfg) * FP32 + weights_bytes
+
+
+MISMATCH_SLACK = 64 << 20
+"""Parameters a config may imply beyond what its weights file holds before it is refused
+unbuilt: a small mismatch is left to the tensor-by-tensor check (which names the tensor), a
+large one would allocate far more than the weights are worth just to find out."""
+
+
+def check_load_fits(cfg: ModelConfig, weights_elements: int, weights_bytes: int,
+                    budget: Budget, device_budget: Budget | None = None,
+                    dtype: torch.dtype = torch.float32, what: str = "this model") -> None:
+    """Refuse (ModelError, one line) to build a model whose config asks for far more than its
+    weights file holds (`weights_elements` numbers) or that does not fit: judged from the config
+    alone, before anything is allocated. `device_budget`: the GPU's, for a model that runs there
+    (in `dtype`)."""
+    n = parameter_count(cfg)
+    if n > weights_elements + MISMATCH_SLACK:
+        raise ModelError(f"{what}: its config implies {count(n)} parameters but its weights "
+                         f"file holds {count(weights_elements)} numbers (config and weights "
+                         "disagree)")
+    reason = budget.refusal(load_bytes(cfg, weights_bytes), f"loading {what}")
+    if reason is None and device_budget is not None:
+        item = torch.empty((), dtype=dtype).element_size()
+        reason = device_budget.refusal(n * item, f"{what} on the GPU")
+    if reason is not None:
+        raise ModelError(f"{reason}; use a machine with more memory (or a larger --max-memory)")
+
+
+def count(n: int) -> str:
+    """A count for a message: digits with commas, or a power of ten for an absurd one (a
+    config can ask for 10^300 parameters)."""
+    return f"{n:,}" if n < 10 ** 15 else f"about 10^{len(str(n)) - 1}"
+
+
 def gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
+    """A size for a message: GiB, or MiB / KiB below one GiB."""
+    if n >= 10 ** 15 << 30:
+        return f"{count(n >> 30)} GiB"
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.2f} {unit}"
+    return f"{n / 1024:.1f} KiB"
 
 
 def check_batch_fits(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dtype,
-                     rows: int, context: int, block: int, budget: int | None,
+                     rows: int, context: int, block: int, budget: int | Budget | None,
                      loaded: bool = True) -> None:
     """Refuse (InputError, one line) a batch whose state at `context` would not fit in `budget`
-    bytes, naming the largest batch that fits. `loaded`: the parameters are already in memory
-    (and so already out of `budget`)."""
-    if budget is None:
+    (bytes, or a `Budget` that names its limit), naming the largest batch that fits. `loaded`:
+    the parameters are already in memory (and so already out of `budget`)."""
+    if not isinstance(budget, Budget):
+        budget = Budget(budget)
+    if budget.bytes is None:
         return
     est = run_memory(cfg, weight_dtype, act_dtype, context, block, rows, with_parameters=not loaded)
     need = est.total(rows)
-    if need <= budget:
+    if need <= budget.bytes:
         return
-    fits = largest_batch(cfg, weight_dtype, act_dtype, context, block, budget, loaded)
+    fits = largest_batch(cfg, weight_dtype, act_dtype, context, block, budget.bytes, loaded)
     hint = (f"the largest batch that fits is {fits} (--batch-size {fits})" if fits
             else "not even one row fits: use a shorter --prompt-tail or fewer tokens")
+    limit = "is available" if budget.source == "available memory" else f"({budget.source})"
     raise InputError(f"a batch of {rows} rows at a context of {context:,} tokens needs about "
-                     f"{gib(need)} of memory, {gib(budget)} is available; {hint}")
+                     f"{gib(need)} of memory, {gib(budget.bytes)} {limit}; {hint}")
 
 
 def largest_batch(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dtype,

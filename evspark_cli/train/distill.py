@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,7 +26,9 @@ from ..alphabet import BASE_IDS
 from ..decode.drafters.dspark import DSparkConfig, DSparkNet, save_drafter
 from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
 from ..errors import InputError, SettingError, at_least
+from ..files import atomic_path
 from ..model.checkpoint import WEIGHTS, load_model, resolve_device, weights_hash
+from ..model.memory import memory_budget
 from ..model.model import StripedHyena
 from .codec import EncodedRows, ShardReader, ShardWriter, decode, encode
 from .corpus import Corpus
@@ -138,10 +139,11 @@ def teacher_rows(model: StripedHyena, seqs: torch.Tensor, sampler: SamplerConfig
             "hidden": encode(hidden.float().cpu(), codec)}
 
 
-def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
+def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print,
+                max_memory: str | int | None = None) -> Path:
     """Run the target over natural and on-policy windows; write codec shards + index."""
     out = Path(cfg.out_dir)
-    model = load_model(cfg.target, device=cfg.device)
+    model = load_model(cfg.target, device=cfg.device, max_memory=max_memory)
     sampler = SamplerConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     corpus = Corpus.from_paths(cfg.train)
     prompt_len = cfg.onpolicy_prompt_len  # on-policy windows: a natural prompt, then the target
@@ -179,7 +181,8 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
     return out
 
 
-def prepare_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
+def prepare_cache(cfg: CacheConfig, log: Callable[[str], None] = print,
+                  max_memory: str | int | None = None) -> Path:
     """The teacher cache in cfg.out_dir: reused when it holds one (made from cfg.target's
     weights), else built from cfg.train. A new cache that fails half-way is removed."""
     out, target = Path(cfg.out_dir), Path(cfg.target)
@@ -196,7 +199,7 @@ def prepare_cache(cfg: CacheConfig, log: Callable[[str], None] = print) -> Path:
         raise SettingError.of("cache", f"{out} is a file, not a folder")
     fresh = not out.exists()
     try:
-        return build_cache(cfg, log)
+        return build_cache(cfg, log, max_memory)
     except BaseException:
         if fresh:  # no half-built cache left behind
             shutil.rmtree(out, ignore_errors=True)
@@ -264,7 +267,8 @@ def distill_loss(net: DSparkNet, b: dict[str, torch.Tensor], cfg: DistillConfig
 
 
 class DistillTrainer:
-    def __init__(self, cfg: DistillConfig, data: TeacherData | None = None) -> None:
+    def __init__(self, cfg: DistillConfig, data: TeacherData | None = None,
+                 max_memory: str | int | None = None) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
         self.data = data or TeacherData(cfg.cache)
@@ -275,8 +279,15 @@ class DistillTrainer:
                             prefix_len=cfg.prefix_len, gamma_max=cfg.gamma_max,
                             target_hash=meta.get("target_hash", ""),
                             target_name=Path(meta.get("cache_config", {}).get("target", "")).name)
-        torch.manual_seed(cfg.seed)
+        dcfg.validate("the drafter to distil")
         self.device = resolve_device(cfg.device)
+        # the net, its gradients and AdamW's two moments, before any of it is allocated
+        reason = memory_budget(self.device, max_memory).refusal(
+            4 * dcfg.memory_bytes(), f"training a drafter of width {cfg.width}")
+        if reason is not None:
+            raise SettingError("{0}, {1}, {2}: " + reason.replace("{", "{{").replace("}", "}}"),
+                               "width", "layers", "prefix_len")
+        torch.manual_seed(cfg.seed)
         self.net = DSparkNet(dcfg).to(self.device)
         self.opt = torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, betas=(0.9, 0.98),
                                      weight_decay=cfg.weight_decay)
@@ -293,10 +304,10 @@ class DistillTrainer:
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.out / "ckpt.pt.tmp"
-        torch.save({"net": self.net.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                    "gen": self.gen.get_state(), "wall": self.wall, "cfg": asdict(self.cfg)}, tmp)
-        os.replace(tmp, self.out / "ckpt.pt")
+        with atomic_path(str(self.out / "ckpt.pt")) as tmp:  # never through a symlink
+            torch.save({"net": self.net.state_dict(), "opt": self.opt.state_dict(),
+                        "step": self.step, "gen": self.gen.get_state(), "wall": self.wall,
+                        "cfg": asdict(self.cfg)}, tmp)
 
     def resume(self) -> bool:
         p = self.out / "ckpt.pt"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,9 +19,11 @@ import torch.nn.functional as F
 
 from ..errors import InputError, ModelError, SettingError, at_least
 from ..eval.score import score_sequence
+from ..files import atomic_path
 from ..io.fasta import iter_records
 from ..model.checkpoint import save_model
 from ..model.config import ModelConfig
+from ..model.memory import count, memory_budget, parameter_count
 from ..model.model import StripedHyena
 from .corpus import Corpus, fasta_files
 
@@ -157,9 +158,8 @@ def trim_log(log: Path, step: int) -> None:
                 keep.append(line)
         except (ValueError, AttributeError):
             continue
-    tmp = log.with_name(log.name + ".tmp")
-    tmp.write_text("".join(x + "\n" for x in keep))
-    os.replace(tmp, log)
+    with atomic_path(str(log)) as tmp:
+        Path(tmp).write_text("".join(x + "\n" for x in keep))
 
 
 def _first_record(path: str) -> torch.Tensor:
@@ -179,8 +179,19 @@ def checkpoint_step(path: Path) -> int:
         return 0
 
 
+def check_training_fits(cfg: ModelConfig, device: torch.device,
+                        max_memory: str | int | None = None) -> None:
+    """Refuse (ModelError, one line) a model config whose weights, gradients and AdamW moments
+    alone (16 bytes a parameter, activations not counted) do not fit, before it is built."""
+    reason = memory_budget(device, max_memory).refusal(
+        16 * parameter_count(cfg), f"training a model of {count(parameter_count(cfg))} parameters")
+    if reason is not None:
+        raise ModelError(f"train config: {reason}; use a smaller model or more memory")
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print) -> None:
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print,
+                 max_memory: str | int | None = None) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
         self.log = log
@@ -188,6 +199,7 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model_cfg = ModelConfig.from_dict({**ModelConfig().to_dict(), **cfg.model})
+        check_training_fits(self.model_cfg, self.device, max_memory)
         torch.manual_seed(cfg.seed)
         self.model = StripedHyena(self.model_cfg)
         init_weights(self.model, cfg.seed)
@@ -227,12 +239,12 @@ class Trainer:
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.out / "ckpt.pt.tmp"
-        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(),
-                    "gen": self.gen.get_state(), "step": self.step, "tokens_seen": self.tokens_seen,
-                    "wall": self.wall, "train_config": asdict(self.cfg),
-                    "model_config": self.model_cfg.to_dict()}, tmp)
-        os.replace(tmp, self.ckpt_path)
+        with atomic_path(str(self.ckpt_path)) as tmp:  # a fresh name: never through a symlink
+            torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(),
+                        "gen": self.gen.get_state(), "step": self.step,
+                        "tokens_seen": self.tokens_seen, "wall": self.wall,
+                        "train_config": asdict(self.cfg),
+                        "model_config": self.model_cfg.to_dict()}, tmp)
 
     def resume(self) -> bool:
         if not self.ckpt_path.is_file():
@@ -377,6 +389,25 @@ def load_train_config(path: str | Path, steps: int | None = None) -> TrainConfig
         raise InputError(f"train config {path}: out_dir is required")
     given = {"steps": steps} if steps is not None else {}
     return validate_train_config(TrainConfig(**{**raw, **given}), given)
+
+
+def check_run_outputs(cfg: TrainConfig, export: str | Path | None = None) -> None:
+    """The files a run writes (its checkpoint, log and exported model) must not be one of its
+    FASTA inputs, whatever path leads there."""
+    from ..files import Output, check_distinct
+
+    out = Path(cfg.out_dir)
+    model = Path(export) if export is not None else out / "model"
+    inputs: list[str] = []
+    for path in cfg.train + cfg.valid:
+        try:
+            inputs += [str(f) for f in fasta_files([path])]
+        except InputError:  # reported where the files are read
+            continue
+    check_distinct(inputs, [Output("out_dir", str(out / "ckpt.pt")),
+                            Output("out_dir", str(out / "log.jsonl")),
+                            Output("export", str(model / "config.json")),
+                            Output("export", str(model / "model.safetensors"))])
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
 
@@ -51,6 +51,60 @@ class DSparkConfig:
     @property
     def n_alpha(self) -> int:
         return len(self.alphabet)
+
+    @classmethod
+    def from_dict(cls, raw: dict, where: str = "drafter config") -> "DSparkConfig":
+        """A config from a drafter folder's config.json (without its "kind"), checked."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in raw if k not in known)
+        if unknown:
+            raise ModelError(f"{where}: unknown field(s) {', '.join(map(str, unknown))[:120]}")
+        cfg = cls(**raw)
+        cfg.validate(where)
+        return cfg
+
+    def validate(self, where: str = "drafter config") -> None:
+        """Refuse (ModelError, one line) values no drafter can be built or run from: a string
+        where a number goes ("heads": "4"), sizes below 1, an alphabet outside the vocabulary."""
+        for name in ("target_hidden", "target_layers", "width", "layers", "heads", "mlp_ratio",
+                     "prefix_len", "gamma_max", "vocab_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ModelError(f"{where}: {name} must be an integer >= 1, got {_short(v)}")
+        if self.width % self.heads:
+            raise ModelError(f"{where}: width {self.width} is not a multiple of heads "
+                             f"{self.heads}")
+        a = self.alphabet
+        if (not isinstance(a, list) or not a or len(set(map(repr, a))) != len(a)
+                or not all(isinstance(t, int) and not isinstance(t, bool)
+                           and 0 <= t < self.vocab_size for t in a)):
+            raise ModelError(f"{where}: alphabet must be distinct token ids below vocab_size "
+                             f"{self.vocab_size}, got {_short(a)}")
+        for name in ("target_hash", "target_name"):
+            if not isinstance(getattr(self, name), str):
+                raise ModelError(f"{where}: {name} must be a string, got "
+                                 f"{_short(getattr(self, name))}")
+        if not isinstance(self.training, dict):
+            raise ModelError(f"{where}: training must be a mapping, got {_short(self.training)}")
+
+    def parameter_count(self) -> int:
+        """Numbers in a DSparkNet of this config (as `DSparkNet(cfg)` holds them)."""
+        d, V, r = self.width, self.n_alpha, self.mlp_ratio
+        per_layer = 3 * d + 4 * d * d + 3 * r * d * d
+        return (self.target_layers * self.target_hidden * d + 3 * d + self.prefix_len * d
+                + (V + 1) * d + self.gamma_max * d + self.layers * per_layer + d * V + V
+                + self.gamma_max * (V + 1) * V)
+
+    def memory_bytes(self) -> int:
+        """A loaded drafter's memory, fp32: its parameters, the token lookup table, and one
+        row's hidden-state prefix (prefix_len x target_layers x target_hidden)."""
+        return 4 * (self.parameter_count() + self.prefix_len * self.target_layers
+                    * self.target_hidden) + 8 * self.vocab_size
+
+
+def _short(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Norm(nn.Module):
@@ -283,25 +337,33 @@ def save_drafter(net: DSparkNet, out: str | Path) -> Path:
     return folder
 
 
-def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: bool = False
-                 ) -> DSparkDrafter:
-    """Load a drafter folder; refuse one distilled from other target weights unless forced."""
-    from ...model.checkpoint import check_tensors_against, read_safetensors, weights_hash
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest drafter config.json read (a real one is under 1 KiB)."""
+
+
+def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: bool = False,
+                 max_memory: str | int | None = None) -> DSparkDrafter:
+    """Load a drafter folder; refuse one distilled from other target weights unless forced.
+
+    Its config is checked (types, sizes, the target's vocabulary) and its memory estimated
+    against what there is (or `max_memory`) before the net is built (ModelError)."""
+    from ...model.checkpoint import (
+        check_tensors_against,
+        read_safetensors,
+        safetensors_elements,
+        weights_hash,
+    )
+    from ...model.memory import MISMATCH_SLACK, count, memory_budget
 
     folder = Path(folder)
     cfg_path = folder / "config.json"
-    if not cfg_path.is_file() or not (folder / "model.safetensors").is_file():
+    weights = folder / "model.safetensors"
+    if not cfg_path.is_file() or not weights.is_file():
         raise ModelError(f"drafter folder {folder} needs config.json and model.safetensors")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except ValueError as e:
-        raise ModelError(f"{cfg_path}: not valid JSON ({e})") from None
+    raw = _read_config(cfg_path)
     if not isinstance(raw, dict) or raw.pop("kind", None) != "dspark":
         raise ModelError(f"{folder} is not a dspark drafter folder")
-    try:
-        cfg = DSparkConfig(**raw)
-    except TypeError as e:
-        raise ModelError(f"{cfg_path}: {e}") from None
+    cfg = DSparkConfig.from_dict(raw, str(cfg_path))
     if target is not None:
         src = target.source_dir
         if src is not None and cfg.target_hash and not force:
@@ -315,10 +377,37 @@ def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: 
             raise ModelError(f"drafter {folder} expects a target with hidden {cfg.target_hidden} "
                              "and "
                              f"{cfg.target_layers} conditioning layers")
+        if cfg.vocab_size != tc.vocab_size:
+            raise ModelError(f"drafter {folder} has vocab_size {cfg.vocab_size}, its target "
+                             f"{tc.vocab_size}")
+    if cfg.parameter_count() > safetensors_elements(weights) + MISMATCH_SLACK:
+        raise ModelError(f"{cfg_path}: describes a drafter of {count(cfg.parameter_count())} "
+                         "parameters, far more than its weights hold (config and weights "
+                         "disagree)")
+    device = target.device if target is not None else "cpu"
+    reason = memory_budget(device, max_memory).refusal(cfg.memory_bytes(), f"drafter {folder}")
+    if reason is not None:
+        raise ModelError(f"{reason}; use a machine with more memory (or a larger --max-memory)")
     try:
         net = DSparkNet(cfg)
-    except (TypeError, ValueError, RuntimeError, IndexError) as e:  # e.g. "width": "wide"
+    except (TypeError, ValueError, RuntimeError, IndexError) as e:
         raise ModelError(f"{cfg_path}: invalid drafter config ({str(e).splitlines()[0]})") from None
-    weights = folder / "model.safetensors"
     check_tensors_against(net, read_safetensors(weights), weights)
     return DSparkDrafter(net, folder)
+
+
+def _read_config(path: Path) -> object:
+    """A drafter's config.json, refused in one line when it is not small, valid JSON."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ModelError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ModelError(f"{path} is larger than {MAX_CONFIG_BYTES >> 10} KiB: not a drafter "
+                         "config")
+    try:
+        return json.loads(data.decode("utf-8-sig"))
+    except (ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else " ".join(str(e).split())
+        raise ModelError(f"{path}: not valid JSON ({why[:160]})") from None

@@ -1,0 +1,113 @@
+"""Files as the kernel sees them: which paths are the same file, and writing one atomically.
+
+Which paths are the same file is decided by (device, inode), never by names.
+
+Two different names can reach one file (a bind mount, a hard link, `..` through a symlinked
+folder), so a command refuses to write where it reads by comparing what the kernel says the
+files are. A name that does not exist yet is identified by its folder's (device, inode) and its
+own name, which is what a later create or rename would hit.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from .errors import InputError
+
+FileKey = tuple
+"""(st_dev, st_ino) of an existing file, or (st_dev, st_ino, name) of a name in a folder."""
+
+
+def file_key(path: str | os.PathLike[str]) -> FileKey | None:
+    """The identity of the file `path` names (symlinks followed, as reading it does), or of the
+    name itself in its folder when there is no such file; None when even the folder is gone."""
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+        return (st.st_dev, st.st_ino)
+    except OSError:
+        pass
+    folder = os.path.dirname(os.path.abspath(p))
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, os.path.basename(p))
+
+
+@dataclass(frozen=True)
+class Output:
+    """A file a command writes: the option that names it, its path, and the companion files it
+    writes on the way (`OUT.partial`, `OUT.tmp`) as suffixes."""
+
+    option: str
+    path: str | None
+    companions: tuple[str, ...] = ()
+
+    def files(self) -> list[str]:
+        if self.path is None or self.path == "-":
+            return []
+        return [self.path, *(self.path + s for s in self.companions)]
+
+
+def check_distinct(inputs: Iterable[str | os.PathLike[str]] | None,
+                   outputs: Sequence[Output]) -> None:
+    """Refuse (InputError) an output file that is an input, or that two outputs would both
+    write (an output named like another's `.partial`): compared by identity, so a bind mount or
+    a hard link to an input is caught too."""
+    ins: dict[FileKey, str] = {}
+    for p in inputs or []:
+        p = os.fspath(p)
+        if p != "-" and os.path.exists(p):
+            key = file_key(p)
+            if key is not None:
+                ins.setdefault(key, p)
+    written: dict[FileKey, tuple[Output, str]] = {}
+    for out in outputs:
+        for f in out.files():
+            key = file_key(f)
+            if key is None:
+                continue
+            if key in ins:
+                what = f"{out.option} {out.path}" if f == out.path else \
+                    f"{out.option} {out.path} (its {f})"
+                also = "" if ins[key] == f else f" ({ins[key]})"
+                raise InputError(f"{what} is also an input{also}; it would be overwritten")
+            if key in written:
+                other, g = written[key]
+                if other.option == out.option:
+                    continue
+                raise InputError(_clash(other, g, out, f))
+            written[key] = (out, f)
+
+
+def _clash(a: Output, fa: str, b: Output, fb: str) -> str:
+    if fa == a.path and fb == b.path:
+        return f"{b.option} and {a.option} name the same file {b.path}"
+    both = fb if fb != b.path else fa
+    return f"{a.option} {a.path} and {b.option} {b.path} would both write {both}; rename one"
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """A fresh temporary name beside `path` (created exclusively: never a file someone else put
+    there, nor through a symlink) to write to; renamed onto `path` if the block succeeds."""
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make the output private
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
