@@ -14,7 +14,6 @@ work). The folder records the hash of the target weights it was distilled from.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
@@ -327,13 +326,17 @@ class DSparkRows:
 
 
 def save_drafter(net: DSparkNet, out: str | Path) -> Path:
+    """A drafter folder: weights and config, each through a fresh temporary file (never written
+    through a symlink or over a half-written file)."""
+    from ...files import atomic_path
+
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in net.state_dict().items()}
-    tmp = folder / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt", "producer": "evspark-dspark"})
-    os.replace(tmp, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps({"kind": "dspark", **asdict(net.cfg)}, indent=1))
+    with atomic_path(str(folder / "model.safetensors")) as tmp:
+        save_file(tensors, tmp, metadata={"format": "pt", "producer": "evspark-dspark"})
+    with atomic_path(str(folder / "config.json")) as tmp:
+        Path(tmp).write_text(json.dumps({"kind": "dspark", **asdict(net.cfg)}, indent=1))
     return folder
 
 
