@@ -2,12 +2,20 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import List, Optional
 
 import typer
 
-from .app import command, say
+from .app import command
+from .common import use_threads
 from .options import CompileOpt, ModelOpt, QuietOpt, ThreadsOpt
+from .progress import Progress
+
+EXAMPLE = """Example: the quick protocol on your own prompts with 2 threads, report in bench-quick/
+(results.json, report.md):
+
+  evspark bench --preset quick --prompts my_prompts.fa -t 2 -o bench-quick"""
 
 # BenchConfig fields whose option has another name
 OPTIONS = {"new_tokens": "--max-new-tokens", "gamma_sweep": "--gammas", "depth_tokens": "--depth",
@@ -53,11 +61,11 @@ def bench(
     """The evaluation protocol: speedup, acceptance, losslessness and sweeps, into a report."""
     import json
 
-    from ..api import set_threads
     from ..eval.bench import bench_config, bench_drafters, check_output_dir, run_bench
     from ..model.checkpoint import load_model
 
-    set_threads(threads)
+    used = use_threads(threads)
+    t0 = time.monotonic()
     cfg = bench_config(preset, prompts, n_prompts=n_prompts, new_tokens=new_tokens, gamma=gamma,
                        seeds=seeds, context_genome=context_genome, baselines=baselines,
                        rollbacks=rollbacks, skip=skip, gammas=gammas, contexts=contexts,
@@ -65,7 +73,10 @@ def bench(
     check_output_dir(out)
     model = load_model(model_dir, device="auto", compile=compile_cpu)
     drafters = bench_drafters(model, cfg, drafter)
-    res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
-                    log=(lambda m: None) if quiet else say)
+    with Progress("bench", "results", quiet=quiet) as prog:
+        res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
+                        log=prog.log)
     head = {k: round(v["summary"]["pooled_speedup"], 3) for k, v in res["speed"].items()}
     print(json.dumps({"out": out, "pooled_speedup": head}, indent=1))
+    prog.summary(f"evspark: bench: preset {preset}, {len(res['speed'])} speed settings, "
+                 f"{time.monotonic() - t0:.1f} s, {used.describe()}; report in {out}")

@@ -2,17 +2,30 @@
 
 Records are written as they finish, to OUTPUT.partial (renamed when every record is done): a
 record that fails is reported and skipped, the others stay for `--resume`.
+
+Output ids say what a record holds (stable; docs/cli.md): `{prompt id}.cont` for a
+continuation, `{prompt id}.ext` with --include-prompt (the prompt followed by its
+continuation), then `_s{i}` when --samples > 1. The header's description records the settings
+and `prompt=` the prompt's coordinates (`ID` for a whole record, `RECORD:START-END` for a
+region or a --prompt-tail). The random numbers stay keyed by the prompt's id (the region as
+normalised), never by the output id, so a run is reproducible however it is named.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from .app import command, debug_traceback, fail, first_line, say
+from .app import command, debug_traceback, fail, first_line
+from .common import read_input, use_threads
 from .options import (
+    INPUT_PANEL,
+    OUTPUT_PANEL,
+    SAMPLING_PANEL,
+    SPECULATION_PANEL,
     BatchSizeOpt,
     CompileOpt,
     DeviceOpt,
@@ -22,100 +35,170 @@ from .options import (
     ModelOpt,
     QuietOpt,
     RegionOpt,
+    RegionsOpt,
     ShardOpt,
+    StrictOpt,
     TailOpt,
     ThreadsOpt,
-    progress_bar,
+    option,
 )
+from .progress import GenerationMeter, Progress
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
+    from ..cpus import Threads
+    from ..io.fasta import Prompt
     from ..io.writers import FastaOutput, StatsOutput
     from ..runs import GenerationRun, JobOutcome, RunJob, RunSummary
+
+CONTINUATION = ".cont"
+"""Output id suffix of a continuation."""
+EXTENDED = ".ext"
+"""Output id suffix of a prompt followed by its continuation (--include-prompt)."""
+
+EXAMPLE = """Example: continue two regions of a genome by 2,048 bases, 4 samples each, with
+progress on the terminal and a summary at the end:
+
+  evspark generate genome.fa.gz --region chr1:1,000,001-1,004,000 --region chrM \\
+      -n 2048 --samples 4 --seed 7 -o cont.fa --stats cont.tsv
+
+Output ids: chr1:1000001-1004000.cont_s0 ... chrM.cont_s3 (see docs/cli.md)."""
+
+
+def output_base(prompt_id: str, include_prompt: bool) -> str:
+    """The output id of a prompt's record, before any `_s{i}` (the scheme above)."""
+    return prompt_id + (EXTENDED if include_prompt else CONTINUATION)
 
 
 @command()
 def generate(
-    inputs: List[str] = typer.Argument(..., metavar="INPUT...", help="FASTA files (plain, gzip, "
-                                       "BGZF); '-' reads FASTA from stdin."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="FASTA of generated "
-                                         "sequences (default stdout); written atomically."),
-    stats: Optional[str] = typer.Option(None, "--stats", help="Per-record statistics, .tsv or "
-                                        ".jsonl."),
-    model_dir: Optional[str] = ModelOpt,
-    drafter: str = typer.Option("auto", "--drafter", help="auto (the model's bundled drafter), "
-                                "dspark, kmer, identity, none (native decoding) or a drafter "
-                                "folder."),
-    gamma: int = GammaOpt,
-    max_new_tokens: int = typer.Option(1024, "-n", "--max-new-tokens", help="Tokens per record."),
-    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (0 = "
-                                      "greedy)."),
-    top_k: int = typer.Option(4, "--top-k", help="Keep the k most likely tokens (1 = greedy, 0 = "
-                              "all)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling inside the kept tokens."),
-    greedy: bool = typer.Option(False, "--greedy", help="Same as --top-k 1."),
-    seed: int = typer.Option(0, "--seed", help="Random seed; the same seed reproduces a run."),
-    samples: int = typer.Option(1, "--samples", help="Continuations per record (ids get _s{i})."),
-    compare_native: bool = typer.Option(False, "--compare-native", help="Also decode natively in "
-                                        "the same process and report the speedup."),
-    rollback: str = typer.Option("slice", "--rollback", help="slice (per-position state) or "
-                                 "replay (snapshot-and-replay baseline)."),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    cuda_graphs: bool = GraphsOpt,
-    compile_cpu: bool = CompileOpt,
-    line_width: int = typer.Option(60, "--line-width", help="FASTA line width (0 = one line)."),
-    include_prompt: bool = typer.Option(False, "--include-prompt", help="Prepend the prompt."),
+    inputs: Optional[List[str]] = typer.Argument(None, metavar="INPUT", help="FASTA files "
+                                                 "(plain, gzip, BGZF); '-' reads FASTA from "
+                                                 "stdin.", show_default=False),
     region: Optional[List[str]] = RegionOpt,
+    regions: Optional[str] = RegionsOpt,
+    prompt: Optional[str] = option(None, "--prompt", help="One literal prompt (ACGT...) instead "
+                                   "of INPUT; its id is 'prompt', so its output is "
+                                   "'prompt.cont'.", panel=INPUT_PANEL),
     prompt_tail: Optional[int] = TailOpt,
     shard: Optional[str] = ShardOpt,
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from "
-                                "OUTPUT.partial."),
-    force_drafter: bool = typer.Option(False, "--force-drafter", help="Use a drafter distilled "
-                                       "from another target anyway."),
+    strict: bool = StrictOpt,
+    model_dir: Optional[str] = ModelOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    max_new_tokens: int = option(1024, "-n", "--max-new-tokens", help="Tokens per record.",
+                                 panel=SAMPLING_PANEL),
+    temperature: float = option(1.0, "--temperature", help="Sampling temperature (0 = greedy).",
+                                panel=SAMPLING_PANEL),
+    top_k: int = option(4, "--top-k", help="Keep the k most likely tokens (1 = greedy, 0 = all).",
+                        panel=SAMPLING_PANEL),
+    top_p: float = option(1.0, "--top-p", help="Nucleus sampling inside the kept tokens.",
+                          panel=SAMPLING_PANEL),
+    greedy: bool = option(False, "--greedy", help="Same as --top-k 1.", panel=SAMPLING_PANEL),
+    seed: int = option(0, "--seed", help="Random seed; the same seed reproduces a run.",
+                       panel=SAMPLING_PANEL),
+    samples: int = option(1, "--samples", help="Continuations per record (ids get _s{i}).",
+                          panel=SAMPLING_PANEL),
+    drafter: str = option("auto", "--drafter", help="auto (the model's bundled drafter), dspark, "
+                          "kmer, identity, none (native decoding) or a drafter folder.",
+                          panel=SPECULATION_PANEL),
+    gamma: int = GammaOpt,
+    rollback: str = option("slice", "--rollback", help="slice (per-position state) or replay "
+                           "(snapshot-and-replay baseline).", panel=SPECULATION_PANEL),
+    force_drafter: bool = option(False, "--force-drafter", help="Use a drafter distilled from "
+                                 "another target anyway.", panel=SPECULATION_PANEL),
+    compare_native: bool = option(False, "--compare-native", help="Also decode natively in the "
+                                  "same process, interleaved with speculative decoding (at least "
+                                  "3 timed pairs), and report the speedup and its spread.",
+                                  panel=SPECULATION_PANEL),
+    output: Optional[str] = option(None, "-o", "--output", help="FASTA of generated sequences "
+                                   "(default stdout); written atomically.", panel=OUTPUT_PANEL),
+    stats: Optional[str] = option(None, "--stats", help="Per-record statistics, .tsv or .jsonl.",
+                                  panel=OUTPUT_PANEL),
+    line_width: int = option(60, "--line-width", help="FASTA line width (0 = one line).",
+                             panel=OUTPUT_PANEL),
+    include_prompt: bool = option(False, "--include-prompt", help="Prepend the prompt (ids end "
+                                  "in .ext instead of .cont).", panel=OUTPUT_PANEL),
+    resume: bool = option(False, "--resume", help="Continue an interrupted run from "
+                          "OUTPUT.partial.", panel=OUTPUT_PANEL),
+    quiet: bool = QuietOpt,
     batch_size: Optional[int] = BatchSizeOpt,
     threads: int = ThreadsOpt,
-    quiet: bool = QuietOpt,
+    cuda_graphs: bool = GraphsOpt,
+    compile_cpu: bool = CompileOpt,
 ) -> None:
     """Continue each record (or region) and write the continuations as FASTA."""
-    from ..api import DecodeOptions, drafter_name, model_and_drafter, set_threads
-    from ..io.fasta import read_prompts
     from ..io.writers import check_distinct_outputs, check_output_path
-    from ..runs import GenerationRun, job_id, make_jobs, plan_batch
 
-    options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k, top_p,
-                            seed, samples, rollback)
+    t0 = time.monotonic()
     for path in (output, stats):
         check_output_path(path)
     check_distinct_outputs(inputs, [("--output", output), ("--stats", stats)])
-    prompts = read_prompts(inputs, region or None, prompt_tail, shard=shard)
-    set_threads(threads)
-    model, d = model_and_drafter(model_dir, prompts, options, drafter, force_drafter,
-                                 device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                                 compile=compile_cpu)
-    sampler = options.sampler
-    settings = {"model": model.config.model_name, "drafter": drafter_name(d),
-                "gamma": str(gamma), "temperature": f"{sampler.temperature:g}",
-                "top_k": str(sampler.top_k), "top_p": f"{sampler.top_p:g}", "seed": str(seed)}
-    fasta, stat_out = _open_outputs(output, stats, line_width, resume,
-                                    dict(settings, new_tokens=str(max_new_tokens)))
-    with fasta, (stat_out if stat_out is not None else contextlib.nullcontext()):
-        jobs = make_jobs([(p.id, p.seq) for p in prompts], options, model, skip=fasta.done_ids)
-        run = GenerationRun(model, d, options, plan_batch(model, jobs, options, d, batch_size),
-                            compare_native)
-        order = [job_id(p.id, s, samples) for p in prompts for s in range(samples)]
-        _Writer(run, settings, include_prompt, fasta, stat_out).all(jobs, order, quiet)
+    got = read_input(inputs, region, regions, prompt_tail, shard, strict, literal=prompt)
+    prompts = got.prompts
+    # the bar shows before torch is imported (a second or two): a run says what it does at once
+    with Progress("generate", "tokens", quiet=quiet) as prog:
+        prog.update(status="loading the model")
+        from ..api import DecodeOptions, drafter_name, model_and_drafter, record_key
+        from ..runs import GenerationRun, job_id, make_jobs, plan_batch
+
+        options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k,
+                                top_p, seed, samples, rollback)
+        used = use_threads(threads)
+        model, d = model_and_drafter(model_dir, prompts, options, drafter, force_drafter,
+                                     device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                                     compile=compile_cpu)
+        sampler = options.sampler
+        settings = {"model": model.config.model_name, "drafter": drafter_name(d),
+                    "gamma": str(gamma), "temperature": f"{sampler.temperature:g}",
+                    "top_k": str(sampler.top_k), "top_p": f"{sampler.top_p:g}",
+                    "seed": str(seed)}
+        bases = [output_base(p.id, include_prompt) for p in prompts]
+        order = [job_id(b, s, samples) for b in bases for s in range(samples)]
+        fasta, stat_out = _open_outputs(output, stats, line_width, resume,
+                                        dict(settings, new_tokens=str(max_new_tokens)), order)
+        with fasta, (stat_out if stat_out is not None else contextlib.nullcontext()):
+            jobs = make_jobs(list(zip(bases, (p.seq for p in prompts))), options, model,
+                             skip=fasta.done_ids,
+                             key=lambda i, _base: record_key(prompts[i].random_key))
+            run = GenerationRun(model, d, options, plan_batch(model, jobs, options, d, batch_size),
+                                compare_native)
+            meter = GenerationMeter(prog, run.passes(jobs), len(jobs))
+            run.observer = meter
+            prog.update(status="")
+            writer = _Writer(run, settings, include_prompt, fasta, stat_out,
+                             dict(zip(bases, prompts)), prog, meter)
+            writer.all(jobs)
+            resumed = len(order) - len(jobs)
+            if not writer.failed:
+                fasta.finish(order)
+                if stat_out is not None:
+                    stat_out.finish(order)
+            elif stat_out is not None:
+                stat_out.close()
+    prog.summary(summary_line(run.summary, len(prompts), samples, time.monotonic() - t0, used,
+                              resumed=resumed, skipped=len(got.skipped)))
+    if writer.failed:
+        fail(f"{len(writer.failed)} of {len(jobs)} records failed "
+             f"({', '.join(writer.failed[:5])}); the others are kept in the .partial files; "
+             "rerun with --resume", 1)
 
 
 def _open_outputs(output: str | None, stats: str | None, line_width: int, resume: bool,
-                  settings: dict[str, str]) -> tuple[FastaOutput, StatsOutput | None]:
-    """The FASTA (checked against the settings of resumed records) and the stats file."""
+                  settings: dict[str, str], order: list[str]
+                  ) -> tuple[FastaOutput, StatsOutput | None]:
+    """The FASTA (checked against the settings and ids of resumed records) and the stats
+    file."""
     from ..api import STATS_COLUMNS
     from ..io.writers import FastaOutput, StatsOutput
 
     fasta = FastaOutput(output, line_width=line_width, resume=resume)
     try:
         fasta.check_resumed(settings)
-        return fasta, (StatsOutput(stats, STATS_COLUMNS, resume=resume) if stats else None)
+        stat_out = StatsOutput(stats, STATS_COLUMNS, resume=resume) if stats else None
+        _check_resumed_ids(fasta.partial, fasta.done_ids, order)
+        if stat_out is not None:
+            _check_resumed_ids(stat_out.partial, stat_out.done_ids, order)
+        return fasta, stat_out
     except BaseException:
         # a resumed FASTA made with other settings, or a stats file that cannot be opened (e.g.
         # a stale .partial): do not leave a FASTA partial of a run that never started behind
@@ -126,76 +209,99 @@ def _open_outputs(output: str | None, stats: str | None, line_width: int, resume
         raise
 
 
+def _check_resumed_ids(partial: str | None, done: set[str], order: list[str]) -> None:
+    """A resumed .partial may only hold records this run would write: another --samples,
+    --include-prompt, input or shard (or an older id scheme) would mix two runs in one file."""
+    from ..errors import InputError
+
+    stray = sorted(done - set(order))
+    if stray:
+        raise InputError(f"--resume: {partial} holds record '{stray[0]}', which this run would "
+                         "not write (other inputs, --samples, --include-prompt or --shard?); "
+                         "rerun with the same options or delete the .partial")
+
+
 class _Writer:
     """Writes a run's outcomes in input order; on any early exit, the records that finished
     out of order are written too (nothing finished is lost; `--resume` restores the order)."""
 
     def __init__(self, run: GenerationRun, settings: dict[str, str], include_prompt: bool,
-                 fasta: FastaOutput, stat_out: StatsOutput | None) -> None:
+                 fasta: FastaOutput, stat_out: StatsOutput | None, prompts: dict[str, Prompt],
+                 progress: Progress, meter: GenerationMeter) -> None:
         self.run, self.settings, self.include_prompt = run, settings, include_prompt
-        self.fasta, self.stat_out = fasta, stat_out
+        self.fasta, self.stat_out, self.prompts = fasta, stat_out, prompts
+        self.progress, self.meter = progress, meter
         self.failed: list[str] = []
 
-    def all(self, jobs: list[RunJob], order: list[str], quiet: bool) -> None:
-        """Write every job's outcome; `order`: every output id of the run (finished by an
-        earlier run or not) in input order, the order the final files get."""
-        total = len(jobs) * self.run.options.max_new_tokens
-        with progress_bar(quiet, "generate", unit="tokens") as prog:
-            task = prog.add_task("generate", total=total, note="")
-            self.run.on_round = lambda r: prog.advance(task, r.tokens)
-            try:
-                for o in self.run.outcomes(jobs):
-                    self.one(o)
-                    prog.update(task, note=f"tau={self.run.summary.tau:.2f}"
-                                if self.run.summary.tau else "")
-            except BaseException:
-                for o in sorted(getattr(self.run, "waiting", {}).values(),
-                                key=lambda o: o.run_job.job.index):
-                    self.one(o)
-                raise
-        if self.failed:
-            if self.stat_out is not None:
-                self.stat_out.close()
-            fail(f"{len(self.failed)} of {len(jobs)} records failed "
-                 f"({', '.join(self.failed[:5])}); the others are kept in the .partial files; "
-                 "rerun with --resume", 1)
-        self.fasta.finish(order)
-        if self.stat_out is not None:
-            self.stat_out.finish(order)
-        if not quiet:
-            say(summary_line(self.run.summary, len(jobs)))
+    def all(self, jobs: list[RunJob]) -> None:
+        """Write every job's outcome (failures are reported and collected in `failed`)."""
+        try:
+            for o in self.run.outcomes(jobs):
+                self.one(o)
+        except BaseException:
+            for o in sorted(getattr(self.run, "waiting", {}).values(),
+                            key=lambda o: o.run_job.job.index):
+                self.one(o)
+            raise
 
     def one(self, o: JobOutcome) -> None:
         """Write one finished job (its stats row first), or report its failure."""
         from ..io.writers import fasta_letters
 
         rid = o.run_job.id
+        self.meter.record_done()
         if o.output is None:
             assert o.error is not None
             debug_traceback(o.error)
-            say(f"evspark: error: record '{rid}' failed: {first_line(o.error)}")
+            self.progress.say(f"evspark: error: record '{rid}' failed: {first_line(o.error)}")
             self.failed.append(rid)
             return
         out = o.output
+        prompt = self.prompts[o.run_job.record_id]
         desc = " ".join(["evspark", *(f"{k}={v}" for k, v in self.settings.items()),
-                         f"new_tokens={len(out.tokens)}"])
+                         f"new_tokens={len(out.tokens)}", f"prompt={prompt.coordinates}"])
         text = fasta_letters(out.text)
         # stats row first: a record counts as done once it is in the FASTA, so an interrupt
         # between the two writes must not leave a done record without its row (a row without
         # its record is kept and not written twice on --resume)
         if self.stat_out is not None and rid not in self.stat_out.done_ids:
             self.stat_out.write(out.stats)
-        prompt = o.run_job.prompt
-        self.fasta.write(rid, desc, (prompt + text) if self.include_prompt and
-                         isinstance(prompt, str) else text)
+        self.fasta.write(rid, desc, (prompt.seq + text) if self.include_prompt else text)
 
 
-def summary_line(s: RunSummary, jobs: int) -> str:
-    """One line for the end of a run: what was done, how fast."""
-    parts = [f"evspark: generated {s.jobs - s.failed} of {jobs} sequences", f"{s.tokens} tokens",
-             f"{s.seconds:.1f} s", f"{s.tokens_per_s or 0:.0f} tokens/s", f"batch {s.batch_size}"]
+def summary_line(s: RunSummary, records: int, samples: int, wall_s: float, threads: Threads,
+                 resumed: int = 0, skipped: int = 0) -> str:
+    """The run's last line: what was done, how long it took, how fast, with what."""
+    done = s.jobs - s.failed
+    parts = [f"evspark: generate: {records} record{'s' if records != 1 else ''} x {samples} "
+             f"sample{'s' if samples != 1 else ''}, {done} sequences written"
+             + (f" ({s.failed} failed)" if s.failed else ""),
+             f"{s.tokens:,} tokens in {wall_s:.1f} s",
+             f"{s.tokens_per_s or 0:,.0f} tokens/s decoding"]
     if s.tau:
-        parts.append(f"tau {s.tau:.2f}")
+        parts.append(f"mean tau {s.tau:.2f}")
+    parts += [threads.describe(), f"batch {s.batch_size}"]
+    if resumed:
+        parts.append(f"{resumed} resumed from .partial")
+    if skipped:
+        parts.append(f"{skipped} empty record{'s' if skipped != 1 else ''} skipped")
     if s.speedup:
-        parts.append(f"speedup {s.speedup:.2f}x over native decoding")
+        parts.append(speedup_text(s))
     return ", ".join(parts)
+
+
+def speedup_text(s: RunSummary) -> str:
+    """The measured speedup with its pairs' range, flagged when the spread makes it
+    unreliable (runs.SPREAD_LIMIT)."""
+    from ..runs import SPREAD_LIMIT
+
+    ratios, spread = s.ratios, s.spread
+    text = f"speedup {s.speedup:.2f}x over native decoding"
+    if not ratios:
+        return text
+    text += (f" ({len(ratios)} timed pairs {min(ratios):.2f}-{max(ratios):.2f}x, spread "
+             f"{100 * (spread or 0):.0f}%)")
+    if not s.speedup_reliable:
+        text += (f" UNRELIABLE: the pairs differ by more than {100 * SPREAD_LIMIT:.0f}% (a busy "
+                 "machine?); rerun on an idle one or with fewer --threads")
+    return text

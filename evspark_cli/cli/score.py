@@ -6,26 +6,35 @@ record that fails is reported and skipped, and the others stay for `--resume`.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from .app import command, debug_traceback, fail, first_line, say
+from .app import command, debug_traceback, fail, first_line
+from .common import read_input, use_threads
 from .options import (
     DeviceOpt,
     DtypeOpt,
     ModelOpt,
     QuietOpt,
     RegionOpt,
+    RegionsOpt,
     ShardOpt,
+    StrictOpt,
     TailOpt,
     ThreadsOpt,
-    progress_bar,
 )
+from .progress import Progress
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
     from ..io.fasta import Prompt
     from ..model.model import StripedHyena
+
+EXAMPLE = """Example: bits per nucleotide of every contig of an assembly, each base seeing at
+least 8,192 bases of context, as a TSV:
+
+  evspark score assembly.fa.gz --context 8192 -o bits.tsv"""
 
 
 @command()
@@ -39,8 +48,10 @@ def score(
                                 "many preceding bases (where the record has them)."),
     window: int = typer.Option(8192, "--window", help="Bases scored per forward pass."),
     region: Optional[List[str]] = RegionOpt,
+    regions: Optional[str] = RegionsOpt,
     prompt_tail: Optional[int] = TailOpt,
     shard: Optional[str] = ShardOpt,
+    strict: bool = StrictOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     threads: int = ThreadsOpt,
@@ -52,9 +63,7 @@ def score(
 
     Rows are written as records finish, to OUTPUT.partial (renamed when every record is done):
     a record that fails is reported and skipped, and the others stay for `--resume`."""
-    from ..api import set_threads
     from ..eval.score import check_score_windows
-    from ..io.fasta import read_prompts
     from ..io.writers import check_distinct_outputs, check_output_path
     from ..model.checkpoint import load_model
 
@@ -62,14 +71,32 @@ def score(
     for path in (output, logits):
         check_output_path(path)
     check_distinct_outputs(inputs, [("--output", output), ("--logits", logits)])
-    prompts = read_prompts(inputs, region or None, prompt_tail, shard=shard)
-    set_threads(threads)
-    model = load_model(model_dir, device=device, dtype=dtype)
-    _score_all(model, prompts, context, window, output, logits, resume, quiet)
+    got = read_input(inputs, region, regions, prompt_tail, shard, strict)
+    used = use_threads(threads)
+    t0 = time.monotonic()
+    with Progress("score", "bases", total=sum(len(p.seq) for p in got.prompts),
+                  quiet=quiet) as prog:
+        prog.update(status="loading the model")
+        model = load_model(model_dir, device=device, dtype=dtype)
+        prog.update(status="")
+        failed, partial = _score_all(model, got.prompts, context, window, output, logits,
+                                     resume, prog)
+    n = len(got.prompts)
+    skipped = f", {len(got.skipped)} empty records skipped" if got.skipped else ""
+    prog.summary(f"evspark: score: {n - len(failed)} of {n} records scored, "
+                 f"{sum(len(p.seq) for p in got.prompts):,} bases in "
+                 f"{time.monotonic() - t0:.1f} s, {used.describe()}{skipped}")
+    if failed:
+        kept = f"kept in {partial}; rerun with --resume" if partial else "printed"
+        fail(f"{len(failed)} of {n} records failed ({', '.join(failed[:5])}); the others are "
+             f"{kept}", 1)
 
 
 def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window: int,
-               output: str | None, logits: str | None, resume: bool, quiet: bool) -> None:
+               output: str | None, logits: str | None, resume: bool, prog: Progress
+               ) -> tuple[list[str], str | None]:
+    """Score every prompt (rows written as they finish): the ids of the records that failed
+    (each reported as it fails) and, if any did, the .partial that keeps the others."""
     import torch
 
     from ..eval import score as scoring
@@ -80,33 +107,30 @@ def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window:
     saved: dict[str, torch.Tensor] = {}
     failed: list[str] = []
     with StatsOutput(output, scoring.SCORE_COLUMNS, resume=resume, fmt=fmt) as rows:
-        with progress_bar(quiet, "score") as prog:
-            task = prog.add_task("score", total=len(prompts), note="")
-            for p in prompts:
-                done = p.id in rows.done_ids
-                if done and not logits:  # resumed: its row is in the partial already
-                    prog.advance(task)
-                    continue
-                try:  # a resumed record is scored again only for its logits
-                    bpn, lg = scoring.score_sequence(model, tokenize_tensor(p.seq), context,
-                                                     window, keep_logits=bool(logits))
-                except Exception as e:  # noqa: BLE001 - one bad record must not sink the rest
-                    debug_traceback()
-                    say(f"evspark: error: record '{p.id}' failed: {first_line(e)}")
-                    failed.append(p.id)
-                    prog.advance(task)
-                    continue
-                if not done:
-                    rows.write({"record_id": p.id, "length": len(p.seq),
-                                "bits_per_nt": round(bpn, 4)})
-                if logits and lg is not None:
-                    saved[p.id] = lg
-                prog.advance(task)
+        for n, p in enumerate(prompts, 1):
+            done = p.id in rows.done_ids
+            if done and not logits:  # resumed: its row is in the partial already
+                prog.advance(len(p.seq))
+                continue
+            try:  # a resumed record is scored again only for its logits
+                bpn, lg = scoring.score_sequence(model, tokenize_tensor(p.seq), context,
+                                                 window, keep_logits=bool(logits))
+            except Exception as e:  # noqa: BLE001 - one bad record must not sink the rest
+                debug_traceback()
+                prog.say(f"evspark: error: record '{p.id}' failed: {first_line(e)}")
+                failed.append(p.id)
+                prog.advance(len(p.seq))
+                continue
+            if not done:
+                rows.write({"record_id": p.id, "length": len(p.seq),
+                            "bits_per_nt": round(bpn, 4)})
+            if logits and lg is not None:
+                saved[p.id] = lg
+            prog.advance(len(p.seq))
+            prog.milestone(f"{n}/{len(prompts)} records")
         if failed:
             rows.close()
-            kept = f"kept in {rows.partial}; rerun with --resume" if rows.partial else "printed"
-            fail(f"{len(failed)} of {len(prompts)} records failed ({', '.join(failed[:5])}); "
-                 f"the others are {kept}", 1)
+            return failed, rows.partial
         if logits:
             from safetensors.torch import save_file
 
@@ -114,3 +138,4 @@ def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window:
             save_file({k: v.contiguous() for k, v in saved.items()}, tmp)
             os.replace(tmp, logits)
         rows.finish()
+    return failed, None

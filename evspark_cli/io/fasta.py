@@ -57,6 +57,20 @@ class Prompt:
     description: str
     seq: str
     source: str  # the input path ('-' for stdin), plus ':REGION' when read through a region
+    # --- where the bases came from (io/regions.py, output headers, warnings)
+    key: str = ""  # the name its random numbers are keyed by when not `id` (a named BED line)
+    span: tuple[str, int, int] | None = None  # (record, start, end), 1-based inclusive, when
+    #                                           `seq` is not the whole record `id`
+    soft_masked: bool = False  # the input had lower-case bases (upper-cased here)
+
+    @property
+    def random_key(self) -> str:
+        return self.key or self.id
+
+    @property
+    def coordinates(self) -> str:
+        """Where the prompt's bases are: `ID` for a whole record, else `RECORD:START-END`."""
+        return f"{self.span[0]}:{self.span[1]}-{self.span[2]}" if self.span else self.id
 
 
 @dataclass(frozen=True)
@@ -523,11 +537,9 @@ def _read_regions(
         if not isinstance(t, str) or not t or any(c.isspace() for c in t):
             raise _fail(f"malformed region {t!r}: expected ID, ID:START-END or ID:START "
                         "(no spaces)")
-    wanted: set[str] = set(texts)
-    for t in texts:
-        m = _REGION.match(t)
-        if m is not None:
-            wanted.add(m.group("name"))
+    from .regions import candidate_names, resolve_region
+
+    wanted: set[str] = set().union(*(candidate_names(t) for t in texts))
     with contextlib.ExitStack() as stack:
         owner: dict[str, _Source] = {}
         seen: dict[str, str] = {}
@@ -540,7 +552,7 @@ def _read_regions(
         prompts: list[Prompt] = []
         given: set[str] = set()
         for text in texts:
-            region = Region(text, text, None, None) if text in owner else parse_region(text)
+            region = resolve_region(text, owner.__contains__)
             src = owner.get(region.name)
             if src is None:
                 more = f" (+{len(inputs) - 3} more)" if len(inputs) > 3 else ""
@@ -568,10 +580,15 @@ def _read_regions(
             what = f"record {region.name!r} in {src.path}"
             if rid != region.name:
                 what += f" (region {rid})"
-            seq = _clean(src.fetch(region.name, start, end), what, offset=start - 1)
+            raw = src.fetch(region.name, start, end)
+            seq = _clean(raw, what, offset=start - 1)
             if not seq:  # e.g. a record of blank lines that an index counted as bases
                 raise _fail(f"{what} is empty (no sequence)")
-            prompts.append(Prompt(rid, "", _tail(seq, tail), f"{src.path}:{rid}"))
+            kept = _tail(seq, tail)
+            first = end - len(kept) + 1
+            span = None if (first, end) == (1, length) else (region.name, first, end)
+            prompts.append(Prompt(rid, "", kept, f"{src.path}:{rid}", span=span,
+                                  soft_masked=not raw.isupper()))
         return prompts
 
 
@@ -586,7 +603,8 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[Prompt]:
     """
     path = os.fspath(path)
     for rid, desc, seq in _iter_records(path):
-        yield Prompt(rid, desc, _clean(seq, f"record {rid!r} in {path}"), path)
+        yield Prompt(rid, desc, _clean(seq, f"record {rid!r} in {path}"), path,
+                     soft_masked=bool(seq) and not seq.isupper())
 
 
 def read_prompts(
@@ -595,13 +613,16 @@ def read_prompts(
     prompt_tail: int | None = None,
     index_dir: str | None = None,
     shard: str | tuple[int, int] | None = None,
+    keep_empty: bool = False,
 ) -> list[Prompt]:
     """Read, validate and upper-case every record of every input (or only `regions`).
 
     Without regions, records come in input order; with regions, only the regions, in the order
-    given, with id `ID:START-END` (or `ID` for a whole record) and an empty description.
-    `prompt_tail` keeps the last N bases; `shard` ("I/N") keeps every N-th prompt from the I-th
-    (io/shard.py). Raises InputError with a one-line message.
+    given, with id `ID:START-END` (or `ID` for a whole record) and an empty description
+    (io/regions.py has the region grammar). `prompt_tail` keeps the last N bases; `shard`
+    ("I/N") keeps every N-th prompt from the I-th (io/shard.py). An empty record is an error,
+    or with `keep_empty` a prompt with no bases (io/prompts.py skips them with a warning).
+    Raises InputError with a one-line message.
     """
     tail = _check_tail(prompt_tail)
     shard_t = parse_shard(shard) if shard is not None else None
@@ -614,8 +635,12 @@ def read_prompts(
     seen: dict[str, str] = {}
     for path in inputs:
         for p in iter_records(path):
-            if not p.seq:
+            if not p.seq and not keep_empty:
                 raise _fail(f"record {p.id!r} in {path} is empty (no sequence)")
             _record_dup(p.id, path, seen)
-            prompts.append(Prompt(p.id, p.description, _tail(p.seq, tail), path))
+            kept = _tail(p.seq, tail)
+            span = (p.id, len(p.seq) - len(kept) + 1, len(p.seq)) if len(kept) < len(p.seq) \
+                else None
+            prompts.append(Prompt(p.id, p.description, kept, path, span=span,
+                                  soft_masked=p.soft_masked))
     return select_shard(prompts, shard_t)
