@@ -262,7 +262,8 @@ def _rich_bar(stream: IO[str]) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 
-    console = Console(file=stream, stderr=stream is sys.stderr)
+    # the caller decided that `stream` is a terminal (or was told so)
+    console = Console(file=stream, stderr=stream is sys.stderr, force_terminal=True)
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
         TextColumn("{task.fields[count]}"), TextColumn("{task.fields[rate]}"),

@@ -81,7 +81,7 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
         if strict:
             more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
             raise InputError(f"{first}{more}; --strict refuses empty records")
-        if len(empty) == len(got):
+        if len(empty) == len(got) and shard is None:  # a shard may hold only empty records
             raise InputError(first if len(got) == 1 else f"{first}, as is every record: "
                              "nothing to do")
     out = Prompts([p for p in got if p.seq], skipped=[p.id for p in empty])
