@@ -44,7 +44,7 @@ def test_log_lines_are_timestamped_and_rate_limited():
     assert all(LINE.match(ln) for ln in lines), lines
     # the first line at once, then at most one per 0.5 s: 4 s -> at most 1 + 8 + the last
     assert 4 <= len(lines) <= 10
-    assert "0 tokens" in lines[0]
+    assert "0.2/100 tokens (0%)" in lines[0]
     assert "100/100 tokens (100%)" in lines[-1] and "10/10 sequences" in lines[-1]
 
 
@@ -55,8 +55,8 @@ def test_log_heartbeat_without_milestones():
             clock.t += 1.0
             prog.advance(1)
     lines = out.getvalue().splitlines()
-    assert len(lines) == 1 + 6 + 1  # start, one per 10 s, the end
-    assert "30/100 tokens (30%), 1.00 tokens/s, elapsed 0:00:30, ETA 0:01:10" in lines[3]
+    assert len(lines) == 1 + 5 + 1  # the first update, one per 10 s, the end
+    assert "31/100 tokens (31%), 1.00 tokens/s, elapsed 0:00:31, ETA 0:01:09" in lines[3]
 
 
 def test_quiet_prints_only_the_summary():

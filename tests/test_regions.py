@@ -8,6 +8,8 @@ ids that say what each record is and random numbers keyed by the prompt, not the
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -216,6 +218,13 @@ def test_outputs_index_with_pyfaidx_and_read_back(tmp_path, model):
                           "geneX": GENOME["chrM"][2:12]}[rid.split(".ext")[0]]
                 assert seq.startswith(prompt) and len(seq) == len(prompt) + 6
         fa.close()
+        if shutil.which("samtools"):  # samtools takes every id as a whole name, not a range
+            for rid in ids:
+                got = subprocess.run(["samtools", "faidx", str(out), rid], capture_output=True,
+                                     text=True)
+                assert got.returncode == 0 and not got.stderr, got.stderr
+                assert "".join(got.stdout.splitlines()[1:]) == str(
+                    pyfaidx.Fasta(str(out))[rid][:])
         assert re.search(r"^>geneX" + re.escape(suffix) + r"_s0 .* prompt=chrM:3-12$", text,
                          re.M)
 

@@ -109,16 +109,14 @@ class Progress:
         self.close(finished=exc[0] is None)
 
     def start(self) -> None:
-        """Show the bar (terminal) or the first line (log) at once: a run that loads a model
-        says so before its first unit of work."""
+        """Show the bar at once (a run that loads a model says so before its first unit of
+        work); in a log the first update (usually what the run is doing) is the first line."""
         if self.mode == "bar":
             self._bar = _rich_bar(self.stream)
             self._bar.start()
             self._task = self._bar.add_task(self.command, total=self.total, count="", rate="",
                                             detail="", left="")
             self._refresh()
-        elif self.mode == "lines":
-            self._line()
 
     def close(self, finished: bool = True) -> None:
         """Stop the bar; in a log, one last line with where the work ended."""
