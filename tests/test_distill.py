@@ -286,7 +286,7 @@ def test_distill_cli_end_to_end_then_generate(target_dir, genome, tmp_path):
     gen = ["generate", prompts, "--model", model, "-n", 20, "--threads", 1, "-q", "--seed", 4]
     code, spec, err = run_cli(gen + ["--drafter", out, "--stats", tmp_path / "s.tsv"])
     assert code == 0, err
-    assert set(fasta_seqs(spec)) == {"x", "y"} and "drafter=dspark" in spec
+    assert set(fasta_seqs(spec)) == {"x.cont", "y.cont"} and "drafter=dspark" in spec
     stats = (tmp_path / "s.tsv").read_text().splitlines()
     head = stats[0].split("\t")
     assert all(dict(zip(head, ln.split("\t")))["drafter"] == "dspark" for ln in stats[1:])

@@ -13,7 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import run_cli, trained_tiny_dir  # noqa: E402
 
-from evspark_cli.cli.progress import GenerationMeter, Progress, fmt_duration  # noqa: E402
+from evspark_cli.cli.meter import GenerationMeter  # noqa: E402
+from evspark_cli.cli.progress import Progress, fmt_duration  # noqa: E402
 
 LINE = re.compile(r"^evspark \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (\w+): ")
 

@@ -111,7 +111,7 @@ def test_spread_rule():
 
 
 def test_speedup_text_flags_an_unreliable_speedup():
-    from evspark_cli.cli.generate import speedup_text
+    from evspark_cli.cli.meter import speedup_text
 
     assert speedup_text(summary_of((2.0, 1.0), (2.2, 1.0), (2.1, 1.0))) == (
         "speedup 2.10x over native decoding (3 timed pairs 2.00-2.20x, spread 10%)")

@@ -134,7 +134,7 @@ def test_nextflow_module_meta_describes_its_process():
     assert f"evspark={evspark_cli.__version__}" in env["dependencies"]
 
 
-def _working_nextflow() -> str:
+def _working_nextflow(tmp_path: Path) -> str:
     """The nextflow command, or skip saying why it cannot run here. The PyPI `nextflow` package
     is a launcher that downloads Nextflow itself on first use: without internet it fails."""
     exe = shutil.which("nextflow", path=_env()["PATH"])
@@ -142,7 +142,7 @@ def _working_nextflow() -> str:
         pytest.skip("nextflow is not installed (pip install nextflow installs its launcher)")
     try:
         p = subprocess.run([exe, "-version"], capture_output=True, text=True, timeout=120,
-                           env=_env())
+                           env=_env(), cwd=tmp_path)  # it leaves nxf-tmp.* files behind
     except subprocess.TimeoutExpired:
         pytest.skip("nextflow -version did not answer in 120 s")
     if p.returncode != 0 or "version" not in p.stdout.lower():
@@ -156,7 +156,7 @@ def _working_nextflow() -> str:
 
 
 def test_nextflow_stub_run_wires_the_shards(tmp_path):
-    exe = _working_nextflow()
+    exe = _working_nextflow(tmp_path)
     p = subprocess.run([exe, "run", str(NEXTFLOW_DIR / "main.nf"), "-stub-run", "--shards", "3",
                         "--outdir", str(tmp_path / "results")], cwd=tmp_path, env=_env(),
                        capture_output=True, text=True, timeout=600)
@@ -167,7 +167,7 @@ def test_nextflow_stub_run_wires_the_shards(tmp_path):
 
 
 def test_nextflow_run_equals_one_unsharded_run(tmp_path_factory, tmp_path):
-    exe = _working_nextflow()
+    exe = _working_nextflow(tmp_path)
     model = trained_tiny_dir(tmp_path_factory.mktemp("nfmodel"), steps=10)
     src = tmp_path / "in.fa"
     src.write_text(">a\nACGTACGTTAGCATGCAAGT\n>b\nTTGACAGCTAGCTCAGTCCT\n>c\nGGATCCAAGCTTGCATGC\n")

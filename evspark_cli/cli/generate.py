@@ -17,15 +17,30 @@ import os
 import time
 from typing import TYPE_CHECKING, List, Optional
 
-import typer
-
 from .app import command, debug_traceback, fail, first_line
 from .common import read_input, use_threads
+from .generate_options import (
+    CompareNativeOpt,
+    DrafterOpt,
+    ForceDrafterOpt,
+    GreedyOpt,
+    IncludePromptOpt,
+    InputsArg,
+    LineWidthOpt,
+    MaxNewTokensOpt,
+    OutputOpt,
+    PromptOpt,
+    ResumeOpt,
+    RollbackOpt,
+    SamplesOpt,
+    SeedOpt,
+    StatsOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
+)
+from .meter import GenerationMeter, summary_line
 from .options import (
-    INPUT_PANEL,
-    OUTPUT_PANEL,
-    SAMPLING_PANEL,
-    SPECULATION_PANEL,
     BatchSizeOpt,
     CompileOpt,
     DeviceOpt,
@@ -40,15 +55,13 @@ from .options import (
     StrictOpt,
     TailOpt,
     ThreadsOpt,
-    option,
 )
-from .progress import GenerationMeter, Progress
+from .progress import Progress
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
-    from ..cpus import Threads
     from ..io.fasta import Prompt
     from ..io.writers import FastaOutput, StatsOutput
-    from ..runs import GenerationRun, JobOutcome, RunJob, RunSummary
+    from ..runs import GenerationRun, JobOutcome, RunJob
 
 CONTINUATION = ".cont"
 """Output id suffix of a continuation."""
@@ -71,55 +84,33 @@ def output_base(prompt_id: str, include_prompt: bool) -> str:
 
 @command()
 def generate(
-    inputs: Optional[List[str]] = typer.Argument(None, metavar="INPUT", help="FASTA files "
-                                                 "(plain, gzip, BGZF); '-' reads FASTA from "
-                                                 "stdin.", show_default=False),
+    inputs: Optional[List[str]] = InputsArg,
     region: Optional[List[str]] = RegionOpt,
     regions: Optional[str] = RegionsOpt,
-    prompt: Optional[str] = option(None, "--prompt", help="One literal prompt (ACGT...) instead "
-                                   "of INPUT; its id is 'prompt', so its output is "
-                                   "'prompt.cont'.", panel=INPUT_PANEL),
+    prompt: Optional[str] = PromptOpt,
     prompt_tail: Optional[int] = TailOpt,
     shard: Optional[str] = ShardOpt,
     strict: bool = StrictOpt,
     model_dir: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    max_new_tokens: int = option(1024, "-n", "--max-new-tokens", help="Tokens per record.",
-                                 panel=SAMPLING_PANEL),
-    temperature: float = option(1.0, "--temperature", help="Sampling temperature (0 = greedy).",
-                                panel=SAMPLING_PANEL),
-    top_k: int = option(4, "--top-k", help="Keep the k most likely tokens (1 = greedy, 0 = all).",
-                        panel=SAMPLING_PANEL),
-    top_p: float = option(1.0, "--top-p", help="Nucleus sampling inside the kept tokens.",
-                          panel=SAMPLING_PANEL),
-    greedy: bool = option(False, "--greedy", help="Same as --top-k 1.", panel=SAMPLING_PANEL),
-    seed: int = option(0, "--seed", help="Random seed; the same seed reproduces a run.",
-                       panel=SAMPLING_PANEL),
-    samples: int = option(1, "--samples", help="Continuations per record (ids get _s{i}).",
-                          panel=SAMPLING_PANEL),
-    drafter: str = option("auto", "--drafter", help="auto (the model's bundled drafter), dspark, "
-                          "kmer, identity, none (native decoding) or a drafter folder.",
-                          panel=SPECULATION_PANEL),
+    max_new_tokens: int = MaxNewTokensOpt,
+    temperature: float = TemperatureOpt,
+    top_k: int = TopKOpt,
+    top_p: float = TopPOpt,
+    greedy: bool = GreedyOpt,
+    seed: int = SeedOpt,
+    samples: int = SamplesOpt,
+    drafter: str = DrafterOpt,
     gamma: int = GammaOpt,
-    rollback: str = option("slice", "--rollback", help="slice (per-position state) or replay "
-                           "(snapshot-and-replay baseline).", panel=SPECULATION_PANEL),
-    force_drafter: bool = option(False, "--force-drafter", help="Use a drafter distilled from "
-                                 "another target anyway.", panel=SPECULATION_PANEL),
-    compare_native: bool = option(False, "--compare-native", help="Also decode natively in the "
-                                  "same process, interleaved with speculative decoding (at least "
-                                  "3 timed pairs), and report the speedup and its spread.",
-                                  panel=SPECULATION_PANEL),
-    output: Optional[str] = option(None, "-o", "--output", help="FASTA of generated sequences "
-                                   "(default stdout); written atomically.", panel=OUTPUT_PANEL),
-    stats: Optional[str] = option(None, "--stats", help="Per-record statistics, .tsv or .jsonl.",
-                                  panel=OUTPUT_PANEL),
-    line_width: int = option(60, "--line-width", help="FASTA line width (0 = one line).",
-                             panel=OUTPUT_PANEL),
-    include_prompt: bool = option(False, "--include-prompt", help="Prepend the prompt (ids end "
-                                  "in .ext instead of .cont).", panel=OUTPUT_PANEL),
-    resume: bool = option(False, "--resume", help="Continue an interrupted run from "
-                          "OUTPUT.partial.", panel=OUTPUT_PANEL),
+    rollback: str = RollbackOpt,
+    force_drafter: bool = ForceDrafterOpt,
+    compare_native: bool = CompareNativeOpt,
+    output: Optional[str] = OutputOpt,
+    stats: Optional[str] = StatsOpt,
+    line_width: int = LineWidthOpt,
+    include_prompt: bool = IncludePromptOpt,
+    resume: bool = ResumeOpt,
     quiet: bool = QuietOpt,
     batch_size: Optional[int] = BatchSizeOpt,
     threads: int = ThreadsOpt,
@@ -138,8 +129,8 @@ def generate(
     # the bar shows before torch is imported (a second or two): a run says what it does at once
     with Progress("generate", "tokens", quiet=quiet) as prog:
         prog.update(status="loading the model")
-        from ..api import DecodeOptions, drafter_name, model_and_drafter, record_key
-        from ..runs import GenerationRun, job_id, make_jobs, plan_batch
+        from ..api import DecodeOptions, drafter_name, model_and_drafter
+        from ..runs import GenerationRun, job_id
 
         options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k,
                                 top_p, seed, samples, rollback)
@@ -157,26 +148,12 @@ def generate(
         fasta, stat_out = _open_outputs(output, stats, line_width, resume,
                                         dict(settings, new_tokens=str(max_new_tokens)), order)
         with fasta, (stat_out if stat_out is not None else contextlib.nullcontext()):
-            jobs = make_jobs(list(zip(bases, (p.seq for p in prompts))), options, model,
-                             skip=fasta.done_ids,
-                             key=lambda i, _base: record_key(prompts[i].random_key))
-            run = GenerationRun(model, d, options, plan_batch(model, jobs, options, d, batch_size),
-                                compare_native)
-            meter = GenerationMeter(prog, run.passes(jobs), len(jobs))
-            run.observer = meter
-            prog.update(status="")
+            run = GenerationRun(model, d, options, compare_native=compare_native)
             writer = _Writer(run, settings, include_prompt, fasta, stat_out,
-                             dict(zip(bases, prompts)), prog, meter)
-            writer.all(jobs)
-            resumed = len(order) - len(jobs)
-            if not writer.failed:
-                fasta.finish(order)
-                if stat_out is not None:
-                    stat_out.finish(order)
-            elif stat_out is not None:
-                stat_out.close()
+                             dict(zip(bases, prompts)), prog)
+            jobs = writer.decode(batch_size, order)
     prog.summary(summary_line(run.summary, len(prompts), samples, time.monotonic() - t0, used,
-                              resumed=resumed, skipped=len(got.skipped)))
+                              resumed=len(order) - len(jobs), skipped=len(got.skipped)))
     if writer.failed:
         fail(f"{len(writer.failed)} of {len(jobs)} records failed "
              f"({', '.join(writer.failed[:5])}); the others are kept in the .partial files; "
@@ -227,11 +204,36 @@ class _Writer:
 
     def __init__(self, run: GenerationRun, settings: dict[str, str], include_prompt: bool,
                  fasta: FastaOutput, stat_out: StatsOutput | None, prompts: dict[str, Prompt],
-                 progress: Progress, meter: GenerationMeter) -> None:
+                 progress: Progress) -> None:
+        """`prompts`: each prompt by the base of its output ids (`output_base`)."""
         self.run, self.settings, self.include_prompt = run, settings, include_prompt
         self.fasta, self.stat_out, self.prompts = fasta, stat_out, prompts
-        self.progress, self.meter = progress, meter
+        self.progress = progress
         self.failed: list[str] = []
+
+    def decode(self, batch_size: int | None, order: list[str]) -> list[RunJob]:
+        """Decode every (prompt, sample) not finished by an earlier run, write each outcome,
+        and when none failed give the files their names with their records in `order` (every
+        output id of the run, in input order). The jobs decoded."""
+        from ..api import record_key
+        from ..runs import make_jobs, plan_batch
+
+        run, prompts, opts = self.run, list(self.prompts.values()), self.run.options
+        jobs = make_jobs(list(zip(self.prompts, (p.seq for p in prompts))), opts, run.model,
+                         skip=self.fasta.done_ids,
+                         key=lambda i, _base: record_key(prompts[i].random_key))
+        run.batch_size = plan_batch(run.model, jobs, opts, run.drafter, batch_size)
+        self.meter = GenerationMeter(self.progress, run.passes(jobs), len(jobs))
+        run.observer = self.meter
+        self.progress.update(status="")
+        self.all(jobs)
+        if not self.failed:
+            self.fasta.finish(order)
+            if self.stat_out is not None:
+                self.stat_out.finish(order)
+        elif self.stat_out is not None:
+            self.stat_out.close()
+        return jobs
 
     def all(self, jobs: list[RunJob]) -> None:
         """Write every job's outcome (failures are reported and collected in `failed`)."""
@@ -268,40 +270,3 @@ class _Writer:
             self.stat_out.write(out.stats)
         self.fasta.write(rid, desc, (prompt.seq + text) if self.include_prompt else text)
 
-
-def summary_line(s: RunSummary, records: int, samples: int, wall_s: float, threads: Threads,
-                 resumed: int = 0, skipped: int = 0) -> str:
-    """The run's last line: what was done, how long it took, how fast, with what."""
-    done = s.jobs - s.failed
-    parts = [f"evspark: generate: {records} record{'s' if records != 1 else ''} x {samples} "
-             f"sample{'s' if samples != 1 else ''}, {done} sequences written"
-             + (f" ({s.failed} failed)" if s.failed else ""),
-             f"{s.tokens:,} tokens in {wall_s:.1f} s",
-             f"{s.tokens_per_s or 0:,.0f} tokens/s decoding"]
-    if s.tau:
-        parts.append(f"mean tau {s.tau:.2f}")
-    parts += [threads.describe(), f"batch {s.batch_size}"]
-    if resumed:
-        parts.append(f"{resumed} resumed from .partial")
-    if skipped:
-        parts.append(f"{skipped} empty record{'s' if skipped != 1 else ''} skipped")
-    if s.speedup:
-        parts.append(speedup_text(s))
-    return ", ".join(parts)
-
-
-def speedup_text(s: RunSummary) -> str:
-    """The measured speedup with its pairs' range, flagged when the spread makes it
-    unreliable (runs.SPREAD_LIMIT)."""
-    from ..runs import SPREAD_LIMIT
-
-    ratios, spread = s.ratios, s.spread
-    text = f"speedup {s.speedup:.2f}x over native decoding"
-    if not ratios:
-        return text
-    text += (f" ({len(ratios)} timed pairs {min(ratios):.2f}-{max(ratios):.2f}x, spread "
-             f"{100 * (spread or 0):.0f}%)")
-    if not s.speedup_reliable:
-        text += (f" UNRELIABLE: the pairs differ by more than {100 * SPREAD_LIMIT:.0f}% (a busy "
-                 "machine?); rerun on an idle one or with fewer --threads")
-    return text

@@ -9,8 +9,9 @@
 - `--quiet`: neither. The summary line (`summary`) is printed in every case: a log always says
   what a run did.
 
-The time left is the command's own estimate when it has one (`eta`: `generate` counts prefill
-and native passes), else the remaining work over the recent rate.
+The time left is the command's own estimate when it has one (`eta`: `generate`'s comes from
+cli/meter.py, which counts prefill and native passes), else the remaining work over the recent
+rate.
 """
 from __future__ import annotations
 
@@ -20,11 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime
-from typing import IO, TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the engine is imported lazily (a fast --help)
-    from ..decode.batch import RoundReport
-    from ..runs import Pass, RunJob
+from typing import IO, Any
 
 INTERVAL_S = 10.0
 """Seconds between progress lines in a log while no milestone is reached."""
@@ -273,141 +270,3 @@ def _rich_bar(stream: IO[str]) -> Any:
         redirect_stdout=False, redirect_stderr=True,
     )
 
-
-class GenerationMeter:
-    """A generation run's progress: tokens done over every pass's tokens (native passes and
-    timing repeats of --compare-native included), tau, and a time left that counts prefill.
-
-    The run tells it when the decoder takes a job (its prompt is prefilled before the next
-    round) and when each round ends (runs.RunObserver). A round interval with no prefill in it
-    times decoding alone (per mode: native or speculative); an interval with prefills is that
-    plus prefill, so its excess over a plain round times the prefill of the prompt bases taken
-    in it. The time left is then the tokens still to decode at each mode's rate plus the prompt
-    bases still to prefill at the measured prefill rate: a long prompt not yet started
-    lengthens the estimate instead of stalling the bar's rate later.
-    """
-
-    def __init__(self, progress: Progress, passes: list[Pass], records: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.progress, self.passes, self.clock = progress, passes, clock
-        self.records_total, self.records_done = records, 0
-        self.left = {True: 0, False: 0}  # tokens still to decode, per mode (native?)
-        self.prompt_left = 0  # prompt bases still to prefill, every pass
-        for p in passes:
-            self.left[p.native] += p.tokens
-            self.prompt_left += sum(len(j.job.prompt) for j in _first_of_records(p.jobs))
-        self.pure_s = {True: 0.0, False: 0.0}  # round intervals without prefill
-        self.pure_tokens = {True: 0, False: 0}
-        self.pure_rounds = {True: 0, False: 0}
-        self.mixed: list[tuple[float, int, bool]] = []  # (interval, prompt bases, native?)
-        self.pending = 0  # prompt bases taken since the last round
-        self.rows = self.accepted = 0
-        self.last = clock()
-        self.last_prompt: tuple[Any, Any] | None = None
-        self.pass_index = 0
-        progress.set_total(sum(p.tokens for p in passes))
-        progress.eta = self.time_left
-
-    # runs.RunObserver
-    def pass_started(self, p: Pass) -> None:
-        self.pass_index += 1
-        self.last = self.clock()
-        self.last_prompt = None
-        self.progress.update(status=self._status(p))
-
-    def job_started(self, job: RunJob, p: Pass) -> None:
-        key = (job.job.rng.record, job.job.prompt)
-        if key != self.last_prompt:  # a record's samples share one prefill
-            self.last_prompt = key
-            n = len(job.job.prompt)
-            self.pending += n
-            self.prompt_left = max(0, self.prompt_left - n)
-
-    def round_done(self, report: RoundReport, p: Pass) -> None:
-        now = self.clock()
-        dt, self.last = now - self.last, now
-        mode = p.native
-        if self.pending:
-            self.mixed.append((dt, self.pending, mode))
-            self.pending = 0
-        else:
-            self.pure_s[mode] += dt
-            self.pure_tokens[mode] += report.tokens
-            self.pure_rounds[mode] += 1
-        self.left[mode] = max(0, self.left[mode] - report.tokens)
-        if not mode:
-            self.rows += report.rows
-            self.accepted += report.accepted
-        self.progress.update(self.progress.done + report.tokens, detail=self._detail())
-
-    # the writer's side
-    def record_done(self) -> None:
-        self.records_done += 1
-        self.progress.milestone(self._detail())
-
-    # estimates
-    def tau(self) -> float | None:
-        return (self.accepted + self.rows) / self.rows if self.rows else None
-
-    def rate(self, native: bool) -> float | None:
-        """Tokens per second of plain rounds of a mode (the other mode's until it has some)."""
-        for mode in (native, not native):
-            if self.pure_s[mode] > 0 and self.pure_tokens[mode]:
-                return self.pure_tokens[mode] / self.pure_s[mode]
-        return None
-
-    def prefill_s_per_base(self) -> float | None:
-        """Measured from the round intervals that held prefills: their excess over a plain
-        round of their mode, per prompt base."""
-        excess, bases = 0.0, 0
-        for dt, n, mode in self.mixed:
-            rounds = self.pure_rounds[mode] or self.pure_rounds[not mode]
-            if not rounds:
-                return None
-            plain = (self.pure_s[mode] / self.pure_rounds[mode] if self.pure_rounds[mode]
-                     else self.pure_s[not mode] / self.pure_rounds[not mode])
-            excess += max(0.0, dt - plain)
-            bases += n
-        return excess / bases if bases else 0.0
-
-    def time_left(self) -> float | None:
-        total = 0.0
-        for mode in (True, False):
-            if self.left[mode]:
-                rate = self.rate(mode)
-                if rate is None:
-                    return None
-                total += self.left[mode] / rate
-        if self.prompt_left:
-            per_base = self.prefill_s_per_base()
-            if per_base is None:
-                return None
-            total += self.prompt_left * per_base
-        return total
-
-    def _detail(self) -> str:
-        parts = [f"{self.records_done}/{self.records_total} sequences"]
-        tau = self.tau()
-        if tau is not None:
-            parts.append(f"tau {tau:.2f}")
-        return ", ".join(parts)
-
-    def _status(self, p: Pass) -> str:
-        if len(self.passes) == 1:
-            return ""
-        what = "native" if p.native else "speculative"
-        if p.timing_only:
-            what += " (timing repeat)"
-        return f"pass {self.pass_index}/{len(self.passes)} {what}"
-
-
-def _first_of_records(jobs: tuple[RunJob, ...]) -> list[RunJob]:
-    """The jobs that prefill (the first of each record's consecutive samples)."""
-    out: list[RunJob] = []
-    last = None
-    for j in jobs:
-        key = (j.job.rng.record, j.job.prompt)
-        if key != last:
-            out.append(j)
-            last = key
-    return out
