@@ -119,11 +119,36 @@ def test_meter_counts_prefill_in_the_time_left():
         clock.t += 0.1
         meter.round_done(RoundReport(10, 1, 8, 9), p)
     assert prog.done == 50 and meter.rate(False) == pytest.approx(100)
-    assert meter.prefill_s_per_base() == pytest.approx(0.001)
+    assert meter.prefill_cost() == pytest.approx((0.0, 0.001))  # one prompt: all per base
     assert meter.time_left() == pytest.approx(150 / 100 + 10_000 * 0.001)
     assert meter.tau() == pytest.approx(9.0)
     meter.job_started(b, p)  # b's prefill happens before the next round
     assert meter.time_left() == pytest.approx(150 / 100)
+
+
+def test_meter_separates_per_prompt_overhead_from_per_base_cost():
+    """Prefills of 100 and 1,000 bases that took 0.2 s and 1.1 s: 0.1 s per prompt plus 1 ms
+    per base, so a 10,000-base prompt still to come adds 10.1 s (a cost per base alone, 1.3 s /
+    1,100 bases, would say 11.8 s)."""
+    from evspark_cli.decode.batch import RoundReport
+    from evspark_cli.runs import Pass
+
+    clock = Clock()
+    prog = Progress("generate", "tokens", quiet=True, clock=clock)
+    jobs = (FakeJob(0, 100, 30), FakeJob(1, 1000, 30), FakeJob(2, 10_000, 30))
+    p = Pass(jobs, native=False)
+    meter = GenerationMeter(prog, [p], 3, clock=clock)
+    meter.pass_started(p)
+    for job, prefill in ((jobs[0], 0.2), (jobs[1], 1.1)):
+        meter.job_started(job, p)
+        clock.t += prefill + 0.1
+        meter.round_done(RoundReport(10, 1, 8, 9), p)
+        clock.t += 0.1
+        meter.round_done(RoundReport(10, 1, 8, 9), p)
+    a, b = meter.prefill_cost()
+    assert a == pytest.approx(0.1) and b == pytest.approx(0.001)
+    assert meter.prompts_left == 1 and meter.prompt_left == 10_000
+    assert meter.time_left() == pytest.approx(50 / 100 + 10.1)
 
 
 def test_meter_sizes_compare_native_passes():
@@ -144,7 +169,7 @@ def test_meter_sizes_compare_native_passes():
         meter.round_done(RoundReport(1, 1, 0, 0), passes[0])
     # speculative passes have no rate yet: they are counted at the native rate
     # native: 44 + 50 tokens left, speculative 100, at 2 tokens/s; 3 prompts still to prefill
-    assert meter.prefill_s_per_base() == 0.0  # the first round took as long as the others
+    assert meter.prefill_cost() == (0.0, 0.0)  # the first round took as long as the others
     assert meter.time_left() == pytest.approx((94 + 100) / 2)
     assert meter.prompt_left == 30
     assert "pass 1/4 native" in prog.status

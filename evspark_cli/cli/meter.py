@@ -22,10 +22,12 @@ class GenerationMeter:
     The run tells it when the decoder takes a job (its prompt is prefilled before the next
     round) and when each round ends (runs.RunObserver). A round interval with no prefill in it
     times decoding alone (per mode: native or speculative); an interval with prefills is that
-    plus prefill, so its excess over a plain round times the prefill of the prompt bases taken
-    in it. The time left is then the tokens still to decode at each mode's rate plus the prompt
-    bases still to prefill at the measured prefill rate: a long prompt not yet started
-    lengthens the estimate instead of stalling the bar's rate later.
+    plus prefill, so its excess over a plain round times the prefill of the prompts taken in
+    it. A prefill costs a fixed overhead per prompt plus a cost per base, fitted to those
+    excesses (`prefill_cost`). The time left is then the tokens still to decode at each mode's
+    rate plus the prompts still to prefill at that cost: a long prompt not yet started
+    lengthens the estimate instead of stalling the bar's rate later, and many short prompts do
+    not make a long one look dear.
     """
 
     def __init__(self, progress: Progress, passes: list[Pass], records: int,
@@ -34,14 +36,18 @@ class GenerationMeter:
         self.records_total, self.records_done = records, 0
         self.left = {True: 0, False: 0}  # tokens still to decode, per mode (native?)
         self.prompt_left = 0  # prompt bases still to prefill, every pass
+        self.prompts_left = 0  # prefills still to do
         for p in passes:
             self.left[p.native] += p.tokens
-            self.prompt_left += sum(len(j.job.prompt) for j in _first_of_records(p.jobs))
+            firsts = _first_of_records(p.jobs)
+            self.prompt_left += sum(len(j.job.prompt) for j in firsts)
+            self.prompts_left += len(firsts)
         self.pure_s = {True: 0.0, False: 0.0}  # round intervals without prefill
         self.pure_tokens = {True: 0, False: 0}
         self.pure_rounds = {True: 0, False: 0}
-        self.mixed: list[tuple[float, int, bool]] = []  # (interval, prompt bases, native?)
-        self.pending = 0  # prompt bases taken since the last round
+        # (interval, prompts, prompt bases, native?) of the intervals that held prefills
+        self.mixed: list[tuple[float, int, int, bool]] = []
+        self.pending = self.pending_prompts = 0  # prompts and bases taken since the last round
         self.rows = self.accepted = 0
         self.last = clock()
         self.last_prompt: tuple[Any, Any] | None = None
@@ -62,15 +68,17 @@ class GenerationMeter:
             self.last_prompt = key
             n = len(job.job.prompt)
             self.pending += n
+            self.pending_prompts += 1
             self.prompt_left = max(0, self.prompt_left - n)
+            self.prompts_left = max(0, self.prompts_left - 1)
 
     def round_done(self, report: RoundReport, p: Pass) -> None:
         now = self.clock()
         dt, self.last = now - self.last, now
         mode = p.native
         if self.pending:
-            self.mixed.append((dt, self.pending, mode))
-            self.pending = 0
+            self.mixed.append((dt, self.pending_prompts, self.pending, mode))
+            self.pending = self.pending_prompts = 0
         else:
             self.pure_s[mode] += dt
             self.pure_tokens[mode] += report.tokens
@@ -97,19 +105,39 @@ class GenerationMeter:
                 return self.pure_tokens[mode] / self.pure_s[mode]
         return None
 
-    def prefill_s_per_base(self) -> float | None:
-        """Measured from the round intervals that held prefills: their excess over a plain
-        round of their mode, per prompt base."""
-        excess, bases = 0.0, 0
-        for dt, n, mode in self.mixed:
-            rounds = self.pure_rounds[mode] or self.pure_rounds[not mode]
-            if not rounds:
+    def plain_round_s(self, native: bool) -> float | None:
+        """The mean duration of a round without prefill, of a mode (else of the other)."""
+        for mode in (native, not native):
+            if self.pure_rounds[mode]:
+                return self.pure_s[mode] / self.pure_rounds[mode]
+        return None
+
+    def prefill_cost(self) -> tuple[float, float] | None:
+        """(seconds per prompt, seconds per base) of a prefill: the least-squares fit, both
+        non-negative, of each prefill interval's excess over a plain round to a * prompts +
+        b * bases. Prompts all of one length give no separate overhead: it goes into the
+        per-base cost, exact for more prompts of that length."""
+        rows: list[tuple[int, int, float]] = []
+        for dt, k, n, mode in self.mixed:
+            plain = self.plain_round_s(mode)
+            if plain is None:
                 return None
-            plain = (self.pure_s[mode] / self.pure_rounds[mode] if self.pure_rounds[mode]
-                     else self.pure_s[not mode] / self.pure_rounds[not mode])
-            excess += max(0.0, dt - plain)
-            bases += n
-        return excess / bases if bases else 0.0
+            rows.append((k, n, max(0.0, dt - plain)))
+        if not rows:
+            return (0.0, 0.0)
+        kk = sum(k * k for k, _, _ in rows)
+        nn = sum(n * n for _, n, _ in rows)
+        kn = sum(k * n for k, n, _ in rows)
+        ke = sum(k * e for k, _, e in rows)
+        ne = sum(n * e for _, n, e in rows)
+        det = kk * nn - kn * kn
+        if det > 1e-9 * kk * nn:
+            a, b = (ke * nn - ne * kn) / det, (ne * kk - ke * kn) / det
+            if a >= 0 and b >= 0:
+                return (a, b)
+            if b < 0:
+                return (max(0.0, ke / kk), 0.0)
+        return (0.0, max(0.0, ne / nn))  # one prompt length, or a negative overhead
 
     def time_left(self) -> float | None:
         total = 0.0
@@ -120,10 +148,10 @@ class GenerationMeter:
                     return None
                 total += self.left[mode] / rate
         if self.prompt_left:
-            per_base = self.prefill_s_per_base()
-            if per_base is None:
+            cost = self.prefill_cost()
+            if cost is None:
                 return None
-            total += self.prompt_left * per_base
+            total += self.prompts_left * cost[0] + self.prompt_left * cost[1]
         return total
 
     def _detail(self) -> str:
