@@ -99,8 +99,9 @@ class FakeJob:
 
 def test_meter_counts_prefill_in_the_time_left():
     """Two records; the second has a long prompt still to prefill. Rounds take 0.1 s for 10
-    tokens (100 tokens/s), the first record's 1,000-base prefill took 1 s (1 ms per base): the
-    time left is the tokens left at 100/s plus the second prompt's 10,000 bases at 1 ms."""
+    tokens (100 tokens/s), the first record's 1,000-base prefill took 1 s: with one prompt
+    length seen, a 10,000-base prompt is estimated at 1 s * sqrt(10), the geometric mean of
+    "all overhead" (1 s) and "all per base" (10 s)."""
     from evspark_cli.decode.batch import RoundReport
     from evspark_cli.runs import Pass
 
@@ -119,8 +120,8 @@ def test_meter_counts_prefill_in_the_time_left():
         clock.t += 0.1
         meter.round_done(RoundReport(10, 1, 8, 9), p)
     assert prog.done == 50 and meter.rate(False) == pytest.approx(100)
-    assert meter.prefill_cost() == pytest.approx((0.0, 0.001))  # one prompt: all per base
-    assert meter.time_left() == pytest.approx(150 / 100 + 10_000 * 0.001)
+    assert meter.prefill_time()(1000) == pytest.approx(1.0)
+    assert meter.time_left() == pytest.approx(150 / 100 + 10 ** 0.5)
     assert meter.tau() == pytest.approx(9.0)
     meter.job_started(b, p)  # b's prefill happens before the next round
     assert meter.time_left() == pytest.approx(150 / 100)
@@ -128,8 +129,7 @@ def test_meter_counts_prefill_in_the_time_left():
 
 def test_meter_separates_per_prompt_overhead_from_per_base_cost():
     """Prefills of 100 and 1,000 bases that took 0.2 s and 1.1 s: 0.1 s per prompt plus 1 ms
-    per base, so a 10,000-base prompt still to come adds 10.1 s (a cost per base alone, 1.3 s /
-    1,100 bases, would say 11.8 s)."""
+    per base, so a 10,000-base prompt still to come adds 10.1 s."""
     from evspark_cli.decode.batch import RoundReport
     from evspark_cli.runs import Pass
 
@@ -145,9 +145,9 @@ def test_meter_separates_per_prompt_overhead_from_per_base_cost():
         meter.round_done(RoundReport(10, 1, 8, 9), p)
         clock.t += 0.1
         meter.round_done(RoundReport(10, 1, 8, 9), p)
-    a, b = meter.prefill_cost()
-    assert a == pytest.approx(0.1) and b == pytest.approx(0.001)
-    assert meter.prompts_left == 1 and meter.prompt_left == 10_000
+    cost = meter.prefill_time()
+    assert cost(0) == pytest.approx(0.1) and cost(10_000) == pytest.approx(10.1)
+    assert +meter.todo == {10_000: 1}
     assert meter.time_left() == pytest.approx(50 / 100 + 10.1)
 
 
@@ -169,9 +169,9 @@ def test_meter_sizes_compare_native_passes():
         meter.round_done(RoundReport(1, 1, 0, 0), passes[0])
     # speculative passes have no rate yet: they are counted at the native rate
     # native: 44 + 50 tokens left, speculative 100, at 2 tokens/s; 3 prompts still to prefill
-    assert meter.prefill_cost() == (0.0, 0.0)  # the first round took as long as the others
+    assert meter.prefill_time()(10) == 0.0  # the first round took as long as the others
     assert meter.time_left() == pytest.approx((94 + 100) / 2)
-    assert meter.prompt_left == 30
+    assert +meter.todo == {10: 3}  # the other passes prefill it again
     assert "pass 1/4 native" in prog.status
 
 

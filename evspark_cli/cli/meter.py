@@ -3,7 +3,9 @@ over every pass's tokens, tau, and a time left that counts prefill (cli/progress
 and the run's summary line."""
 from __future__ import annotations
 
+import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +25,9 @@ class GenerationMeter:
     round) and when each round ends (runs.RunObserver). A round interval with no prefill in it
     times decoding alone (per mode: native or speculative); an interval with prefills is that
     plus prefill, so its excess over a plain round times the prefill of the prompts taken in
-    it. A prefill costs a fixed overhead per prompt plus a cost per base, fitted to those
-    excesses (`prefill_cost`). The time left is then the tokens still to decode at each mode's
-    rate plus the prompts still to prefill at that cost: a long prompt not yet started
-    lengthens the estimate instead of stalling the bar's rate later, and many short prompts do
-    not make a long one look dear.
+    it. The time left is the tokens still to decode at each mode's rate plus the prompts still
+    to prefill at their estimated cost (`prefill_time`): a long prompt not yet started
+    lengthens the estimate instead of stalling the bar's rate later.
     """
 
     def __init__(self, progress: Progress, passes: list[Pass], records: int,
@@ -35,13 +35,10 @@ class GenerationMeter:
         self.progress, self.passes, self.clock = progress, passes, clock
         self.records_total, self.records_done = records, 0
         self.left = {True: 0, False: 0}  # tokens still to decode, per mode (native?)
-        self.prompt_left = 0  # prompt bases still to prefill, every pass
-        self.prompts_left = 0  # prefills still to do
+        self.todo: Counter[int] = Counter()  # prompt lengths still to prefill, every pass
         for p in passes:
             self.left[p.native] += p.tokens
-            firsts = _first_of_records(p.jobs)
-            self.prompt_left += sum(len(j.job.prompt) for j in firsts)
-            self.prompts_left += len(firsts)
+            self.todo.update(len(j.job.prompt) for j in _first_of_records(p.jobs))
         self.pure_s = {True: 0.0, False: 0.0}  # round intervals without prefill
         self.pure_tokens = {True: 0, False: 0}
         self.pure_rounds = {True: 0, False: 0}
@@ -69,8 +66,8 @@ class GenerationMeter:
             n = len(job.job.prompt)
             self.pending += n
             self.pending_prompts += 1
-            self.prompt_left = max(0, self.prompt_left - n)
-            self.prompts_left = max(0, self.prompts_left - 1)
+            if self.todo[n] > 0:
+                self.todo[n] -= 1
 
     def round_done(self, report: RoundReport, p: Pass) -> None:
         now = self.clock()
@@ -112,11 +109,16 @@ class GenerationMeter:
                 return self.pure_s[mode] / self.pure_rounds[mode]
         return None
 
-    def prefill_cost(self) -> tuple[float, float] | None:
-        """(seconds per prompt, seconds per base) of a prefill: the least-squares fit, both
-        non-negative, of each prefill interval's excess over a plain round to a * prompts +
-        b * bases. Prompts all of one length give no separate overhead: it goes into the
-        per-base cost, exact for more prompts of that length."""
+    def prefill_time(self) -> Callable[[int], float] | None:
+        """The estimated seconds to prefill a prompt of n bases, from the intervals that held
+        prefills (their excess over a plain round); None while no plain round has been timed.
+
+        A prefill costs a fixed overhead plus a cost per base: `a * prompts + b * bases`, fitted
+        by least squares (both non-negative) once prompts of different lengths have been
+        prefilled. Prompts of a single length L, E seconds each, cannot tell the two apart: a
+        prompt of n bases is then taken to cost E * sqrt(n / L), the geometric mean of "all
+        overhead" (E) and "all per base" (E * n / L), which is never further off than a factor
+        sqrt(n / L) whichever is true."""
         rows: list[tuple[int, int, float]] = []
         for dt, k, n, mode in self.mixed:
             plain = self.plain_round_s(mode)
@@ -124,20 +126,23 @@ class GenerationMeter:
                 return None
             rows.append((k, n, max(0.0, dt - plain)))
         if not rows:
-            return (0.0, 0.0)
+            return lambda n: 0.0
         kk = sum(k * k for k, _, _ in rows)
         nn = sum(n * n for _, n, _ in rows)
         kn = sum(k * n for k, n, _ in rows)
         ke = sum(k * e for k, _, e in rows)
         ne = sum(n * e for _, n, e in rows)
         det = kk * nn - kn * kn
-        if det > 1e-9 * kk * nn:
+        if det > 1e-6 * kk * nn:  # prompts of different lengths
             a, b = (ke * nn - ne * kn) / det, (ne * kk - ke * kn) / det
-            if a >= 0 and b >= 0:
-                return (a, b)
-            if b < 0:
-                return (max(0.0, ke / kk), 0.0)
-        return (0.0, max(0.0, ne / nn))  # one prompt length, or a negative overhead
+            if a < 0:
+                a, b = 0.0, ne / nn
+            elif b < 0:
+                a, b = ke / kk, 0.0
+            return lambda n: a + b * n
+        each = sum(e for _, _, e in rows) / sum(k for k, _, _ in rows)
+        length = sum(n for _, n, _ in rows) / sum(k for k, _, _ in rows)
+        return lambda n: each * math.sqrt(n / length)
 
     def time_left(self) -> float | None:
         total = 0.0
@@ -147,11 +152,11 @@ class GenerationMeter:
                 if rate is None:
                     return None
                 total += self.left[mode] / rate
-        if self.prompt_left:
-            cost = self.prefill_cost()
+        if +self.todo:
+            cost = self.prefill_time()
             if cost is None:
                 return None
-            total += self.prompts_left * cost[0] + self.prompt_left * cost[1]
+            total += sum(cost(n) * count for n, count in self.todo.items() if count > 0)
         return total
 
     def _detail(self) -> str:
