@@ -100,8 +100,7 @@ class FakeJob:
 def test_meter_counts_prefill_in_the_time_left():
     """Two records; the second has a long prompt still to prefill. Rounds take 0.1 s for 10
     tokens (100 tokens/s), the first record's 1,000-base prefill took 1 s: with one prompt
-    length seen, a 10,000-base prompt is estimated at 1 s * sqrt(10), the geometric mean of
-    "all overhead" (1 s) and "all per base" (10 s)."""
+    length seen, all of it counts as work (here: bases), so 10,000 bases take 10 s."""
     from evspark_cli.decode.batch import RoundReport
     from evspark_cli.runs import Pass
 
@@ -121,7 +120,7 @@ def test_meter_counts_prefill_in_the_time_left():
         meter.round_done(RoundReport(10, 1, 8, 9), p)
     assert prog.done == 50 and meter.rate(False) == pytest.approx(100)
     assert meter.prefill_time()(1000) == pytest.approx(1.0)
-    assert meter.time_left() == pytest.approx(150 / 100 + 10 ** 0.5)
+    assert meter.time_left() == pytest.approx(150 / 100 + 10)
     assert meter.tau() == pytest.approx(9.0)
     meter.job_started(b, p)  # b's prefill happens before the next round
     assert meter.time_left() == pytest.approx(150 / 100)
@@ -149,6 +148,21 @@ def test_meter_separates_per_prompt_overhead_from_per_base_cost():
     assert cost(0) == pytest.approx(0.1) and cost(10_000) == pytest.approx(10.1)
     assert +meter.todo == {10_000: 1}
     assert meter.time_left() == pytest.approx(50 / 100 + 10.1)
+
+
+def test_prefill_work_grows_with_attention_over_the_prefix():
+    from evspark_cli.cli.meter import prefill_work
+    from evspark_cli.model.config import ModelConfig
+
+    cfg = ModelConfig.load(Path(__file__).resolve().parents[1] / "models" / "evspark-sh2-192"
+                           / "config.json")
+    work = prefill_work(cfg)
+    n0 = 8 * (4 * 192 + 3 * 512) / 2  # 8 layers, 2 of them attention
+    assert work(100) == pytest.approx(100 + 100 ** 2 / n0)
+    assert work(16_000) / work(200) == pytest.approx(80 * (1 + 16_000 / n0) / (1 + 200 / n0))
+    no_attention = ModelConfig.from_dict({**cfg.to_dict(), "attn_layer_idxs": [],
+                                          "hcl_layer_idxs": [2, 3, 6, 7]})
+    assert prefill_work(no_attention)(5000) == 5000
 
 
 def test_meter_sizes_compare_native_passes():

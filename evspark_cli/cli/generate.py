@@ -39,7 +39,7 @@ from .generate_options import (
     TopKOpt,
     TopPOpt,
 )
-from .meter import GenerationMeter, summary_line
+from .meter import GenerationMeter, prefill_work, summary_line
 from .options import (
     BatchSizeOpt,
     CompileOpt,
@@ -223,7 +223,8 @@ class _Writer:
                          skip=self.fasta.done_ids,
                          key=lambda i, _base: record_key(prompts[i].random_key))
         run.batch_size = plan_batch(run.model, jobs, opts, run.drafter, batch_size)
-        self.meter = GenerationMeter(self.progress, run.passes(jobs), len(jobs))
+        self.meter = GenerationMeter(self.progress, run.passes(jobs), len(jobs),
+                                     prefill_work(run.model.config))
         run.observer = self.meter
         self.progress.update(status="")
         self.all(jobs)

@@ -3,7 +3,6 @@ over every pass's tokens, tau, and a time left that counts prefill (cli/progress
 and the run's summary line."""
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from .progress import Progress
 if TYPE_CHECKING:  # the engine is imported lazily (a fast --help)
     from ..cpus import Threads
     from ..decode.batch import RoundReport
+    from ..model.config import ModelConfig
     from ..runs import Pass, RunJob, RunSummary
 
 
@@ -26,13 +26,15 @@ class GenerationMeter:
     times decoding alone (per mode: native or speculative); an interval with prefills is that
     plus prefill, so its excess over a plain round times the prefill of the prompts taken in
     it. The time left is the tokens still to decode at each mode's rate plus the prompts still
-    to prefill at their estimated cost (`prefill_time`): a long prompt not yet started
-    lengthens the estimate instead of stalling the bar's rate later.
+    to prefill at their estimated cost (`prefill_time`, shaped by `prefill_work`): a long
+    prompt not yet started lengthens the estimate instead of stalling the bar's rate later.
     """
 
     def __init__(self, progress: Progress, passes: list[Pass], records: int,
+                 work: Callable[[int], float] = float,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.progress, self.passes, self.clock = progress, passes, clock
+        """`work(n)`: the relative work of prefilling n bases (`prefill_work`; default n)."""
+        self.progress, self.passes, self.clock, self.work = progress, passes, clock, work
         self.records_total, self.records_done = records, 0
         self.left = {True: 0, False: 0}  # tokens still to decode, per mode (native?)
         self.todo: Counter[int] = Counter()  # prompt lengths still to prefill, every pass
@@ -42,9 +44,12 @@ class GenerationMeter:
         self.pure_s = {True: 0.0, False: 0.0}  # round intervals without prefill
         self.pure_tokens = {True: 0, False: 0}
         self.pure_rounds = {True: 0, False: 0}
-        # (interval, prompts, prompt bases, native?) of the intervals that held prefills
-        self.mixed: list[tuple[float, int, int, bool]] = []
-        self.pending = self.pending_prompts = 0  # prompts and bases taken since the last round
+        # sums over the round intervals that held prefills, per mode: k prompts of work n
+        # prefilled in an interval of dt seconds (O(1) to update and to fit, however many)
+        self.sums = {mode: dict.fromkeys(("k", "n", "kk", "nn", "kn", "kdt", "ndt"), 0.0)
+                     for mode in (True, False)}
+        self.pending = 0.0  # prefill work taken since the last round
+        self.pending_prompts = 0
         self.rows = self.accepted = 0
         self.last = clock()
         self.last_prompt: tuple[Any, Any] | None = None
@@ -64,7 +69,7 @@ class GenerationMeter:
         if key != self.last_prompt:  # a record's samples share one prefill
             self.last_prompt = key
             n = len(job.job.prompt)
-            self.pending += n
+            self.pending += self.work(n)
             self.pending_prompts += 1
             if self.todo[n] > 0:
                 self.todo[n] -= 1
@@ -74,8 +79,11 @@ class GenerationMeter:
         dt, self.last = now - self.last, now
         mode = p.native
         if self.pending:
-            self.mixed.append((dt, self.pending_prompts, self.pending, mode))
-            self.pending = self.pending_prompts = 0
+            k, n, sums = self.pending_prompts, self.pending, self.sums[mode]
+            for key, value in (("k", k), ("n", n), ("kk", k * k), ("nn", n * n), ("kn", k * n),
+                               ("kdt", k * dt), ("ndt", n * dt)):
+                sums[key] += value
+            self.pending, self.pending_prompts = 0.0, 0
         else:
             self.pure_s[mode] += dt
             self.pure_tokens[mode] += report.tokens
@@ -113,36 +121,37 @@ class GenerationMeter:
         """The estimated seconds to prefill a prompt of n bases, from the intervals that held
         prefills (their excess over a plain round); None while no plain round has been timed.
 
-        A prefill costs a fixed overhead plus a cost per base: `a * prompts + b * bases`, fitted
-        by least squares (both non-negative) once prompts of different lengths have been
-        prefilled. Prompts of a single length L, E seconds each, cannot tell the two apart: a
-        prompt of n bases is then taken to cost E * sqrt(n / L), the geometric mean of "all
-        overhead" (E) and "all per base" (E * n / L), which is never further off than a factor
-        sqrt(n / L) whichever is true."""
-        rows: list[tuple[int, int, float]] = []
-        for dt, k, n, mode in self.mixed:
+        A prefill costs a fixed overhead plus a cost per unit of work (`prefill_work`: the
+        architecture's multiply-adds, which grow faster than the length where attention looks
+        back over the whole prefix): `a * prompts + b * work`, fitted by least squares (both
+        non-negative) once prompts of different lengths have been prefilled. While all had one
+        length, the two cannot be told apart and the time is taken as all work (exact when
+        compute dominates, as it does for the long prompts whose prefill matters; an
+        overestimate for short prompts on a busy machine, where overhead dominates)."""
+        # the excess of an interval is dt minus a plain round of its mode: e = dt - plain
+        kk = nn = kn = ke = ne = k_all = 0.0
+        for mode, sums in self.sums.items():
+            if not sums["k"]:
+                continue
             plain = self.plain_round_s(mode)
             if plain is None:
                 return None
-            rows.append((k, n, max(0.0, dt - plain)))
-        if not rows:
+            kk, nn, kn = kk + sums["kk"], nn + sums["nn"], kn + sums["kn"]
+            ke += sums["kdt"] - plain * sums["k"]  # sum of k * e
+            ne += sums["ndt"] - plain * sums["n"]  # sum of n * e
+            k_all += sums["k"]
+        if not k_all:
             return lambda n: 0.0
-        kk = sum(k * k for k, _, _ in rows)
-        nn = sum(n * n for _, n, _ in rows)
-        kn = sum(k * n for k, n, _ in rows)
-        ke = sum(k * e for k, _, e in rows)
-        ne = sum(n * e for _, n, e in rows)
         det = kk * nn - kn * kn
         if det > 1e-6 * kk * nn:  # prompts of different lengths
             a, b = (ke * nn - ne * kn) / det, (ne * kk - ke * kn) / det
             if a < 0:
-                a, b = 0.0, ne / nn
+                a, b = 0.0, max(0.0, ne / nn)
             elif b < 0:
-                a, b = ke / kk, 0.0
-            return lambda n: a + b * n
-        each = sum(e for _, _, e in rows) / sum(k for k, _, _ in rows)
-        length = sum(n for _, n, _ in rows) / sum(k for k, _, _ in rows)
-        return lambda n: each * math.sqrt(n / length)
+                a, b = max(0.0, ke / kk), 0.0
+            return lambda n: a + b * self.work(n)
+        per_work = max(0.0, ne / nn)
+        return lambda n: per_work * self.work(n)
 
     def time_left(self) -> float | None:
         total = 0.0
@@ -173,6 +182,20 @@ class GenerationMeter:
         if p.timing_only:
             what += " (timing repeat)"
         return f"pass {self.pass_index}/{len(self.passes)} {what}"
+
+
+def prefill_work(config: ModelConfig) -> Callable[[int], float]:
+    """The relative work of prefilling n bases with a model: per base, the multiply-adds of the
+    projections and MLPs of every layer (about 4d + 3m per unit of d, with d the hidden size and
+    m the MLP size), and per attention layer the look-back over the prefix (about n d on
+    average), so n + n^2 / n0 with n0 = layers (4d + 3m) / attention layers. The Hyena
+    convolutions' n log n is small beside either and left out. Only the shape matters: the
+    meter fits the seconds per unit."""
+    attention = len(config.attn_layer_idxs)
+    if not attention:
+        return float
+    n0 = config.num_layers * (4 * config.hidden_size + 3 * config.mlp_size) / attention
+    return lambda n: n + n * n / n0
 
 
 def _first_of_records(jobs: tuple[RunJob, ...]) -> list[RunJob]:

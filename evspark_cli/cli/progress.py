@@ -29,6 +29,9 @@ MIN_GAP_S = 0.5
 """The least time between two progress lines in a log (at most two lines a second)."""
 RATE_WINDOW_S = 20.0
 """The rate shown is measured over about this many recent seconds."""
+BAR_REFRESH_S = 0.1
+"""The bar's fields (rate, time left) are recomputed at most this often, however fast rounds
+come: a GPU run makes thousands of rounds a second."""
 
 
 def fmt_count(x: float) -> str:
@@ -92,7 +95,7 @@ class Progress:
         self.eta: Callable[[], float | None] | None = None
         self.rate = Rate(clock)
         self.t_start = clock()
-        self._last_line = -math.inf
+        self._last_line = self._last_draw = -math.inf
         self._pending = False  # a milestone not yet reported in a line
         self._bar: Any = None
         self._task: Any = None
@@ -122,7 +125,7 @@ class Progress:
             self._bar.stop()
             self._bar = None
         elif self.mode == "lines" and (finished or self._pending or self.done):
-            self._line(final=True)
+            self._line()
         self.mode = "off"
 
     # ------------------------------------------------------------------ updates
@@ -165,7 +168,10 @@ class Progress:
     # ------------------------------------------------------------------ output
     def _changed(self) -> None:
         if self.mode == "bar":
-            self._refresh()
+            now = self.clock()
+            if now - self._last_draw >= BAR_REFRESH_S:  # rich redraws 4 times a second
+                self._last_draw = now
+                self._refresh()
         elif self.mode == "lines":
             now = self.clock()
             since = now - self._last_line
@@ -205,7 +211,7 @@ class Progress:
         head = f"{self.command}: {self.status}: " if self.status else f"{self.command}: "
         return head + ", ".join(parts)
 
-    def _line(self, final: bool = False) -> None:
+    def _line(self) -> None:
         self._last_line = self.clock()
         self._pending = False
         stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
