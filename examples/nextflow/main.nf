@@ -32,14 +32,16 @@ workflow {
 
     EVSPARK_GENERATE(shards, model)
 
-    // gather in shard order: the FASTA concatenated, the stats with one header row
+    // gather in shard order (1, 2, ..., 10: by number, not by name): the FASTA concatenated,
+    // the stats with one header row
+    def shard_number = { f -> (f.name =~ /^shard(\d+)\./)[0][1] as int }
     EVSPARK_GENERATE.out.fasta
         .map { meta, f -> f }
-        .collectFile(name: 'generated.fa', storeDir: params.outdir, sort: { it.name })
+        .collectFile(name: 'generated.fa', storeDir: params.outdir, sort: shard_number)
     EVSPARK_GENERATE.out.stats
         .map { meta, f -> f }
         .collectFile(name: 'stats.tsv', storeDir: params.outdir, keepHeader: true, skip: 1,
-                     sort: { it.name })
+                     sort: shard_number)
     EVSPARK_GENERATE.out.log
         .map { meta, f -> f }
         .collectFile(storeDir: "${params.outdir}/logs")
