@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .cpus import Threads, usable_cpus
 from .decode.drafters.base import Drafter, RngKey
 from .decode.drafters.identity import IdentityDrafter
 from .decode.drafters.kmer import KmerDrafter
@@ -87,13 +88,17 @@ def check_gamma(drafter: Any, gamma: int) -> None:
         raise InputError(f"gamma {gamma}: this drafter proposes at most {limit} tokens per round")
 
 
-def set_threads(threads: int) -> None:
-    """CPU threads for torch; 0 keeps torch's default."""
+def set_threads(threads: int) -> Threads:
+    """CPU threads for torch: `threads`, or for 0 the CPUs this process may use (affinity,
+    cgroup quota, scheduler variables: cpus.py), so a job never oversubscribes its allowance by
+    default. Returns what was set and why (the run's summary reports it)."""
     at_least("threads", threads, 0)
-    if threads:
-        import torch
+    import torch
 
-        torch.set_num_threads(threads)
+    allowed = usable_cpus()
+    n = threads or allowed.count
+    torch.set_num_threads(n)
+    return Threads(n, "--threads" if threads else allowed.source, allowed)
 
 
 def record_key(record_id: str) -> int:

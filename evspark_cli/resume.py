@@ -24,9 +24,16 @@ if TYPE_CHECKING:
     from .io.fasta import Prompt
 
 
-def job_id(prompt_id: str, sample: int, samples: int) -> str:
-    """A continuation's record id: the prompt's, with `_s{i}` when a record has several."""
-    return f"{prompt_id}_s{sample}" if samples > 1 else prompt_id
+CONTINUATION = ".cont"
+"""Output id suffix of a continuation."""
+EXTENDED = ".ext"
+"""Output id suffix of a prompt followed by its continuation (--include-prompt)."""
+
+
+def job_id(base: str, sample: int, samples: int) -> str:
+    """A record's output id from its base (`RunRecord.output_base`), with `_s{i}` when a prompt
+    has several samples."""
+    return f"{base}_s{sample}" if samples > 1 else base
 
 
 def prompt_hash(seq: str) -> str:
@@ -66,14 +73,22 @@ class RunRecord:
                 "prompt_tail": str(self.prompt_tail) if self.prompt_tail else "none",
                 "iupac": self.iupac}
 
+    def output_base(self, prompt_id: str) -> str:
+        """The output id of a prompt's records before any `_s{i}`: `{prompt id}.cont`, or
+        `{prompt id}.ext` with --include-prompt (docs/cli.md, "Output ids")."""
+        return prompt_id + (EXTENDED if self.include_prompt else CONTINUATION)
+
     def jobs(self, prompts: Sequence[Prompt]) -> list[RecordJob]:
+        """Every record the run writes, in input order."""
         samples = self.options.samples
-        return [RecordJob(job_id(p.id, s, samples), s, p) for p in prompts for s in range(samples)]
+        return [RecordJob(job_id(self.output_base(p.id), s, samples), s, p)
+                for p in prompts for s in range(samples)]
 
     def header(self, prompt: Prompt, new_tokens: int) -> str:
-        """A record's FASTA description: `evspark key=value ... new_tokens=N`."""
+        """A record's FASTA description: `evspark key=value ... new_tokens=N prompt=WHERE`
+        (`prompt=` the prompt's coordinates: ID, or RECORD:START-END)."""
         words = {**self.settings, "prompt_sha256": prompt_hash(prompt.seq),
-                 "new_tokens": str(new_tokens)}
+                 "new_tokens": str(new_tokens), "prompt": prompt.coordinates}
         return " ".join(["evspark", *(f"{k}={v}" for k, v in words.items())])
 
     def stats_row(self, job: RecordJob) -> dict[str, Any]:

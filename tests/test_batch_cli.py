@@ -56,7 +56,8 @@ def test_batch_size_does_not_change_the_output(tmp_path, model, src, extra):
                "-o", fa, "--stats", tsv, *extra))
         if ref_fa is None:
             ref_fa, ref_tsv = fa.read_bytes(), _stats_without_timings(tsv)
-            assert list(split_fasta(fa.read_text()))[:4] == ["r0_s0", "r0_s1", "r0_s2", "r1_s0"]
+            ids = list(split_fasta(fa.read_text()))[:4]
+            assert ids == ["r0.cont_s0", "r0.cont_s1", "r0.cont_s2", "r1.cont_s0"]
             continue
         assert fa.read_bytes() == ref_fa, b
         assert _stats_without_timings(tsv) == ref_tsv, b

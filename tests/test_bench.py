@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -68,6 +69,8 @@ def bench_run(model_dir, tmp_path_factory):
     finally:
         mp.undo()
     assert code == 0, err
+    assert err.splitlines()[-1].startswith("evspark: bench: preset quick, "), err
+    assert re.match(r"evspark \[[\d: -]+\] bench: speed ", err), err  # timestamped progress
     return out, json.loads(stdout), json.loads((out / "results.json").read_text()), err
 
 

@@ -106,7 +106,7 @@ def test_every_input_form_gives_the_same_continuation(tmp_path, model, recs):
     plain = tmp_path / "in.fa"
     plain.write_text(text)
     ref = ok(gen(model, plain, *opts)).out
-    assert set(split_fasta(ref)) == {"r1", "r2"}
+    assert set(split_fasta(ref)) == {"r1.cont", "r2.cont"}
 
     gz = tmp_path / "in.fa.gz"
     gz.write_bytes(gzip.compress(text.encode()))
@@ -137,16 +137,19 @@ def test_every_input_form_gives_the_same_continuation(tmp_path, model, recs):
     sub = tmp_path / "sub.fa"
     sub.write_text(f">r1:11-40\n{two['r1'][10:40]}\n")
     got = ok(gen(model, plain, "--region", "r1:11-40", *opts)).out
-    assert list(split_fasta(got)) == ["r1:11-40"]
+    assert list(split_fasta(got)) == ["r1:11-40.cont"]
     assert got == ok(gen(model, sub, *opts)).out
 
-    # --prompt-tail N == a file holding only the last N bases (the header records the tail)
+    # --prompt-tail N == a file holding only the last N bases (the header records the tail and
+    # says which bases they are)
     tail = tmp_path / "tail.fa"
     tail.write_text(records_text({k: v[-20:] for k, v in two.items()}))
     tailed = ok(gen(model, plain, "--prompt-tail", 20, *opts)).out
     assert tailed.count(" prompt_tail=20 ") == 2
-    assert tailed.replace(" prompt_tail=20 ", " prompt_tail=none ") == ok(gen(model, tail,
-                                                                               *opts)).out
+    assert f" prompt=r1:{len(two['r1']) - 19}-{len(two['r1'])}\n" in tailed
+    plain_tail = ok(gen(model, tail, *opts)).out
+    assert re.sub(r" prompt=\S+", "", tailed.replace(" prompt_tail=20 ", " prompt_tail=none ")) \
+        == re.sub(r" prompt=\S+", "", plain_tail)
     assert tailed != ref
 
 
@@ -160,7 +163,9 @@ def test_stdin_through_a_real_pipe(tmp_path, model, recs):
                        env=subprocess_env(), cwd=tmp_path, timeout=120)
     assert p.returncode == 0, p.stderr.decode()
     assert p.stdout.decode() == ref
-    assert p.stderr == b""  # quiet: nothing on stderr when all is well
+    # quiet: no progress when all is well, only the summary line
+    assert p.stderr.decode().splitlines()[0].startswith("evspark: generate: 1 record x 1 sample")
+    assert len(p.stderr.decode().splitlines()) == 1
 
 
 # ------------------------------------------------------------------------------ output format
@@ -171,7 +176,7 @@ HEADER = re.compile(r"^(?P<id>\S+) evspark model=(?P<model>\S+) drafter=(?P<draf
                     r"top_p=(?P<top_p>\S+) seed=(?P<seed>\d+) "
                     r"include_prompt=(?P<include_prompt>yes|no) prompt_tail=(?P<prompt_tail>\S+) "
                     r"iupac=(?P<iupac>\S+) prompt_sha256=(?P<prompt_sha256>[0-9a-f]{16}) "
-                    r"new_tokens=(?P<new_tokens>\d+)$")
+                    r"new_tokens=(?P<new_tokens>\d+) prompt=(?P<prompt>\S+)$")
 
 
 def test_fasta_output_header_width_samples_and_prompt(tmp_path, model, recs):
@@ -187,7 +192,8 @@ def test_fasta_output_header_width_samples_and_prompt(tmp_path, model, recs):
     ok(gen(model, src, "-o", with_prompt, "--include-prompt", *opts))
 
     recs_out = list(SeqIO.parse(out, "fasta"))
-    assert [r.id for r in recs_out] == ["r1_s0", "r1_s1", "r1_s2", "r2_s0", "r2_s1", "r2_s2"]
+    assert [r.id for r in recs_out] == ["r1.cont_s0", "r1.cont_s1", "r1.cont_s2", "r2.cont_s0",
+                                        "r2.cont_s1", "r2.cont_s2"]
     for r in recs_out:
         m = HEADER.match(r.description)
         assert m, r.description
@@ -196,9 +202,10 @@ def test_fasta_output_header_width_samples_and_prompt(tmp_path, model, recs):
         assert (float(m["temperature"]), int(m["top_k"]), float(m["top_p"])) == (0.7, 3, 0.9)
         assert int(m["new_tokens"]) == len(r.seq) == 17
         assert (m["include_prompt"], m["prompt_tail"], m["iupac"]) == ("no", "none", "keep")
+        assert m["prompt"] == r.id.split(".")[0]
         assert set(str(r.seq)) <= set("ACGTN")
     for rid in ("r1", "r2"):  # samples differ from each other
-        assert len({str(r.seq) for r in recs_out if r.id.startswith(rid + "_")}) == 3
+        assert len({str(r.seq) for r in recs_out if r.id.startswith(rid + ".cont_")}) == 3
 
     lines = out.read_text().splitlines()
     for k, line in enumerate(lines):
@@ -209,9 +216,9 @@ def test_fasta_output_header_width_samples_and_prompt(tmp_path, model, recs):
     full = {r.id: str(r.seq) for r in SeqIO.parse(with_prompt, "fasta")}
     assert all(HEADER.match(r.description)["include_prompt"] == "yes"
                for r in SeqIO.parse(with_prompt, "fasta"))
-    for r in recs_out:
-        prompt = recs[r.id.split("_s")[0]]
-        assert full[r.id] == prompt + str(r.seq)
+    for r in recs_out:  # the same record, prompt first, under the id ending in .ext
+        prompt = recs[r.id.split(".")[0]]
+        assert full[r.id.replace(".cont", ".ext")] == prompt + str(r.seq)
 
     wide = ok(gen(model, src, "--line-width", 0, "-n", 70)).out
     assert all(len(s.splitlines()) == 2 for s in split_fasta(wide).values())
@@ -229,7 +236,7 @@ def test_stats_files_have_exactly_the_documented_columns(tmp_path, model, recs):
     assert lines[0].split("\t") == STATS_COLUMNS
     rows = [dict(zip(STATS_COLUMNS, ln.split("\t"), strict=True)) for ln in lines[1:]]
     assert [(r["record_id"], r["sample"]) for r in rows] == [
-        ("r1_s0", "0"), ("r1_s1", "1"), ("r2_s0", "0"), ("r2_s1", "1")]
+        ("r1.cont_s0", "0"), ("r1.cont_s1", "1"), ("r2.cont_s0", "0"), ("r2.cont_s1", "1")]
     for r in rows:
         assert int(r["prompt_len"]) == len(recs[r["record_id"][:2]])
         assert int(r["new_tokens"]) == 9
@@ -240,7 +247,7 @@ def test_stats_files_have_exactly_the_documented_columns(tmp_path, model, recs):
         assert r["native_wall_s"] == r["native_tokens_per_s"] == r["speedup"] == ""
 
     objs = [json.loads(ln) for ln in jsonl.read_text().splitlines()]
-    assert [o["record_id"] for o in objs] == ["r1", "r2"]
+    assert [o["record_id"] for o in objs] == ["r1.cont", "r2.cont"]
     for o in objs:
         assert list(o) == STATS_COLUMNS
         assert o["native_wall_s"] is None and o["native_tokens_per_s"] is None
@@ -315,7 +322,7 @@ def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, re
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 130 and "--resume" in r.err and "Traceback" not in r.err
     assert not out.exists() and not stats.exists()
-    assert list(split_fasta(Path(f"{out}.partial").read_text())) == ["r1", "r2"]
+    assert list(split_fasta(Path(f"{out}.partial").read_text())) == ["r1.cont", "r2.cont"]
     assert len(Path(f"{stats}.partial").read_text().splitlines()) == 3
 
     # without --resume the partial is protected
@@ -328,11 +335,11 @@ def test_keyboard_interrupt_then_resume_equals_uninterrupted(tmp_path, model, re
         r = run_cli(gen(model, src, "-o", out, "--stats", stats, "--resume", *other))
         err = r.err.strip().splitlines()
         assert r.code == 2 and len(err) == 1 and "made with" in err[0], r.err
-        assert list(split_fasta(Path(f"{out}.partial").read_text())) == ["r1", "r2"]
+        assert list(split_fasta(Path(f"{out}.partial").read_text())) == ["r1.cont", "r2.cont"]
 
     seen = _generated_ids(monkeypatch)
     ok(gen(model, src, "-o", out, "--stats", stats, "--resume", *opts))
-    assert seen == ["r3", "r4", "r5"]  # finished records were not regenerated
+    assert seen == ["r3.cont", "r4.cont", "r5.cont"]  # finished records were not regenerated
     _check_resumed(out, stats, ref, ref_stats, 5)
 
 
@@ -383,17 +390,17 @@ def test_signal_then_resume_equals_uninterrupted(tmp_path, model, recs, monkeypa
     else:
         assert p.returncode == -signal.SIGKILL
     assert not out.exists()
-    assert list(split_fasta(partial.read_text())) == ["r1", "r2"]
+    assert list(split_fasta(partial.read_text())) == ["r1.cont", "r2.cont"]
     if how == "SIGKILL":  # killed after r3's stats row, in the middle of its FASTA record,
         # and in the middle of r4's row: torn tails are dropped and redone, r3's row kept once
         with open(partial, "a") as f:
-            f.write(">r3 evspark model=tiny-test drafter=kmer\nACG")
+            f.write(">r3.cont evspark model=tiny-test drafter=kmer\nACG")
         with open(f"{stats}.partial", "a") as f:
-            f.write(ref_stats.decode().splitlines()[3] + "\n" + "r4\t0\t13")
+            f.write(ref_stats.decode().splitlines()[3] + "\n" + "r4.cont\t0\t13")
 
     seen = _generated_ids(monkeypatch)
     ok(gen(model, src, "-o", out, "--stats", stats, "--resume", *opts))
-    assert seen == ["r3", "r4", "r5"]
+    assert seen == ["r3.cont", "r4.cont", "r5.cont"]
     _check_resumed(out, stats, ref, ref_stats, 5)
 
 
@@ -435,23 +442,26 @@ def test_one_failing_record_keeps_the_others(tmp_path, model, recs, monkeypatch,
     real = BatchDecoder._prefilled
 
     def faulty(job):
-        if job.label == "r2":
+        if job.label == "r2.cont":
             raise RuntimeError("planted fault")
 
     _patch_prefill(monkeypatch, faulty)
     r = run_cli(gen(model, src, "-o", out, "--stats", stats, *opts))
     assert r.code == 1 and "Traceback" not in r.err
-    assert "record 'r2' failed: planted fault" in r.err
-    assert r.err.strip().splitlines()[-1].startswith("evspark: error: 1 of 5 records failed (r2)")
+    assert "record 'r2.cont' failed: planted fault" in r.err
+    assert r.err.strip().splitlines()[-1].startswith(
+        "evspark: error: 1 of 5 records failed (r2.cont)")
     assert not out.exists() and not stats.exists()
-    assert list(split_fasta(Path(f"{out}.partial").read_text())) == ["r1", "r3", "r4", "r5"]
+    assert list(split_fasta(Path(f"{out}.partial").read_text())) == [
+        "r1.cont", "r3.cont", "r4.cont", "r5.cont"]
 
     monkeypatch.setattr(BatchDecoder, "_prefilled", real)
     seen = _generated_ids(monkeypatch)
     ok(gen(model, src, "-o", out, "--stats", stats, "--resume", *opts))
-    assert seen == ["r2"]
+    assert seen == ["r2.cont"]
     assert out.read_bytes() == ref  # the redone record is put back in its place
-    assert sorted(ln.split("\t")[0] for ln in stats.read_text().splitlines()[1:]) == sorted(recs)
+    assert sorted(ln.split("\t")[0] for ln in stats.read_text().splitlines()[1:]) == \
+        sorted(f"{r}.cont" for r in recs)
 
 
 # ---------------------------------------------------------------------------------- sharding
@@ -466,7 +476,8 @@ def test_shards_cover_the_input_once_and_recombine_byte_for_byte(tmp_path, model
     ids = [list(split_fasta(p)) for p in parts]
     assert not set(ids[0]) & set(ids[1])
     assert sorted(ids[0] + ids[1]) == sorted(split_fasta(whole))
-    assert ids[0] == ["r1_s0", "r1_s1", "r3_s0", "r3_s1", "r5_s0", "r5_s1"]
+    assert ids[0] == ["r1.cont_s0", "r1.cont_s1", "r3.cont_s0", "r3.cont_s1", "r5.cont_s0",
+                      "r5.cont_s1"]
     merged = {**split_fasta(parts[0]), **split_fasta(parts[1])}
     assert "".join(merged[k] for k in split_fasta(whole)) == whole
     # a single shard of one is the whole run

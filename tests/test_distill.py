@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -273,6 +274,8 @@ def test_distill_cli_end_to_end_then_generate(target_dir, genome, tmp_path):
     code, stdout, err = run_cli(args)
     assert code == 0, err
     assert "wrote drafter" in err and f"{20 * 8 * 4:,} supervised positions" in err
+    assert re.match(r"evspark: distill: steps 0 to 20 of 20 in \d+\.\d s, last loss \d+\.\d{4}, "
+                    r"1 thread \(--threads\)$", err.splitlines()[-1]), err
     assert (model / "teacher_cache" / "index.json").is_file()  # default cache place
     assert len(ShardReader(model / "teacher_cache")) == 12
     cfg = json.loads((out / "config.json").read_text())
@@ -286,7 +289,7 @@ def test_distill_cli_end_to_end_then_generate(target_dir, genome, tmp_path):
     gen = ["generate", prompts, "--model", model, "-n", 20, "--threads", 1, "-q", "--seed", 4]
     code, spec, err = run_cli(gen + ["--drafter", out, "--stats", tmp_path / "s.tsv"])
     assert code == 0, err
-    assert set(fasta_seqs(spec)) == {"x", "y"} and "drafter=dspark" in spec
+    assert set(fasta_seqs(spec)) == {"x.cont", "y.cont"} and "drafter=dspark" in spec
     stats = (tmp_path / "s.tsv").read_text().splitlines()
     head = stats[0].split("\t")
     assert all(dict(zip(head, ln.split("\t")))["drafter"] == "dspark" for ln in stats[1:])

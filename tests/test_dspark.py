@@ -359,7 +359,8 @@ def test_drafter_of_another_target_is_refused_unless_forced(tmp_path, target_dir
     assert "--force-drafter" in lines[0] and out == ""
     code, out, err = run_cli(base + ["--model", other_dir, "--force-drafter"])
     assert code == 0, err
-    assert [ln[1:].split()[0] for ln in out.splitlines() if ln.startswith(">")] == ["a", "b"]
+    assert [ln[1:].split()[0] for ln in out.splitlines() if ln.startswith(">")] == [
+        "a.cont", "b.cont"]
     assert "drafter=dspark" in out
     code, out, err = run_cli(base + ["--model", target_dir])
     assert code == 0, err

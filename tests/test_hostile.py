@@ -295,7 +295,7 @@ def test_a_partial_replaced_under_a_live_run_is_not_renamed(model: Path, tmp_pat
     assert partial.read_text() == ">other\nGGGG\n"  # the stranger's file is untouched
     rescue = Path(re.search(r"are in (\S+) \(", line)[1])
     assert [ln.split()[0] for ln in rescue.read_text().splitlines() if ln.startswith(">")] == \
-        [">r1", ">r2", ">r3"]
+        [">r1.cont", ">r2.cont", ">r3.cont"]
 
 
 # ------------------------------------------------------------ 4. convert onto its own folder
@@ -484,17 +484,17 @@ def _half_done(model: Path, d: Path, *opts) -> Path:
 
 
 @pytest.mark.parametrize("case,first,then,pattern", [
-    ("--include-prompt", [], ["--include-prompt"],
-     r"record 'r1' made with include_prompt=no, this run has include_prompt=yes"),
+    ("--include-prompt", [], ["--include-prompt"],  # its records are named .ext
+     r"record 'r1\.cont', which this run does not write"),
     ("--prompt-tail", [], ["--prompt-tail", 10],
-     r"record 'r1' made with prompt_tail=none, this run has prompt_tail=10"),
+     r"record 'r1\.cont' made with prompt_tail=none, this run has prompt_tail=10"),
     ("--iupac", [], ["--iupac", "random"],
-     r"record 'r1' made with iupac=keep, this run has iupac=random"),
+     r"record 'r1\.cont' made with iupac=keep, this run has iupac=random"),
     ("--samples", [], ["--samples", 2],
-     r"record 'r1', which this run does not write \(other inputs, --region, --shard or "
+     r"record 'r1\.cont', which this run does not write \(other inputs, --region, --shard or "
      r"--samples\?\)"),
     ("--region", [], ["--region", "r2", "--region", "r3"],
-     r"record 'r1', which this run does not write"),
+     r"record 'r1\.cont', which this run does not write"),
 ], ids=["include-prompt", "prompt-tail", "iupac", "samples", "region"])
 def test_resume_with_other_record_settings_is_refused(model, tmp_path, case, first, then,
                                                       pattern):
@@ -512,8 +512,9 @@ def test_resume_with_other_input_contents_is_refused(model: Path, tmp_path: Path
     fasta(tmp_path, text=FASTA.replace("ACGTACGTACGG", "TTTTACGTACGG"))
     refused("--resume after the input changed",
             ["generate", tmp_path / "in.fa", "--model", model, *FAST, "-n", 4, "-o", out,
-             "--resume"], 2, r"record 'r1' made with prompt_sha256=[0-9a-f]{16}, this run has "
-                             r"prompt_sha256=[0-9a-f]{16}", tmp_path, MODEL=model)
+             "--resume"], 2,
+            r"record 'r1\.cont' made with prompt_sha256=[0-9a-f]{16}, this run has "
+            r"prompt_sha256=[0-9a-f]{16}", tmp_path, MODEL=model)
 
 
 def test_a_stale_stats_partial_is_not_continued(model: Path, tmp_path: Path):
@@ -528,7 +529,7 @@ def test_a_stale_stats_partial_is_not_continued(model: Path, tmp_path: Path):
     refused("--resume onto a stale stats .partial (-n 12, now -n 4)",
             ["generate", fasta(tmp_path), "--model", model, *FAST, "-n", 4, "-o", out,
              "--stats", stats, "--resume"], 2,
-            r"out\.tsv\.partial has a row for 'r1' with new_tokens=12, this run has "
+            r"out\.tsv\.partial has a row for 'r1\.cont' with new_tokens=12, this run has "
             r"new_tokens=4", tmp_path, MODEL=model)
     assert (tmp_path / "out.tsv.partial").read_text() == kept
     assert not (tmp_path / "out.fa.partial").exists()

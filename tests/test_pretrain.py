@@ -80,6 +80,7 @@ def test_train_command_exports_a_model(tmp_path):
     r = subprocess.run([sys.executable, "-m", "evspark_cli.cli", "train", "--config", str(path),
                         "--quiet"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[-1].startswith("evspark: train: steps 0 to 4 of 4 in "), r.stderr
     m = load_model(tmp_path / "run" / "model")
     assert m.config.hidden_size == 32
 

@@ -207,9 +207,9 @@ CASES: list[Case] = [
          2, r"notes\.txt: not FASTA: line 1 should start with '>'"),
     Case("FASTA with no sequence", gen_on(lambda d: w(d, "hdr.fa", ">r1\n>r2\n")),
          2, r"record 'r1' in \S*hdr\.fa is empty"),
-    Case("record with only whitespace",
-         gen_on(lambda d: w(d, "ws.fa", ">r1\nACGT\n>r2\n   \n\t \n")),
-         2, r"record 'r2' in \S*ws\.fa is empty"),
+    Case("record with only whitespace, --strict",
+         gen_on(lambda d: w(d, "ws.fa", ">r1\nACGT\n>r2\n   \n\t \n"), "--strict"),
+         2, r"record 'r2' in \S*ws\.fa is empty \(no sequence\); --strict refuses"),
     Case("letters outside IUPAC",
          gen_on(lambda d: w(d, "bad.fa", ">r1\nACGT\n>r2 x\nACGTNNRY\nACJT\n")),
          2, r"record 'r2' in \S*bad\.fa: invalid character 'J' at position 11"),
@@ -386,7 +386,7 @@ def test_prompt_tail_fixes_the_long_prompt(models: Models, tmp_path: Path):
     src = w(tmp_path, "long.fa", ">long\n" + "ACGT" * 20 + "\n")
     r = run_cli(["generate", src, "--model", models.short, *FAST, "-n", 4, "--prompt-tail", 40])
     assert r.code == 0, r.err
-    assert r.out.startswith(">long ") and "new_tokens=4" in r.out
+    assert r.out.startswith(">long.cont ") and "new_tokens=4 prompt=long:41-80\n" in r.out
 
 
 def test_debug_env_gives_a_traceback(models: Models, tmp_path: Path, monkeypatch):
@@ -478,7 +478,7 @@ def test_fuzz_valid_fasta_round_trips_through_generate(models, records):
                      "-o", out])
         assert r.code == 0, r.err
         got = [(rec.id, str(rec.seq)) for rec in SeqIO.parse(out, "fasta")]
-    assert [g[0] for g in got] == [rid for rid, _s, _w in records]
+    assert [g[0] for g in got] == [f"{rid}.ext" for rid, _s, _w in records]
     for (rid, seq, _w), (_gid, gseq) in zip(records, got):
         assert gseq[: len(seq)] == seq.upper() and len(gseq) == len(seq) + 2
 

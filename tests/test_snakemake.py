@@ -86,37 +86,56 @@ def test_snakemake_scatter_gather_equals_an_unsharded_run(tmp_path, model):
     whole = evspark("generate", src, "--model", model, "--gamma", 4, "-n", 6, "--seed", 4,
                     "--threads", 1, "-q", "--device", "cpu")
     got, want = by_id(gathered), by_id(whole)
-    assert sorted(got) == sorted(RECORDS) and len(got) == gathered.count(">")
+    assert sorted(got) == sorted(f"{r}.cont" for r in RECORDS) and len(got) == gathered.count(">")
     assert "".join(got[k] for k in sorted(got)) == "".join(want[k] for k in sorted(want))
 
     stats = (out / "stats.tsv").read_text().splitlines()
     assert stats[0] == STATS_HEADER and stats.count(STATS_HEADER) == 1
-    assert sorted(ln.split("\t")[0] for ln in stats[1:]) == sorted(RECORDS)
+    assert sorted(ln.split("\t")[0] for ln in stats[1:]) == sorted(f"{r}.cont" for r in RECORDS)
 
     for i in (1, 2, 3):
-        assert (out / "logs" / f"shard{i}.log").is_file()
+        # the log holds timestamped progress and the run's summary line
+        log = (out / "logs" / f"shard{i}.log").read_text().splitlines()
+        assert log, f"shard{i}.log is empty"
+        assert re.match(r"evspark \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] generate: ", log[0]), log
+        assert log[-1].startswith("evspark: generate: ") and " tokens in " in log[-1], log
         bench = (out / "benchmarks" / f"shard{i}.tsv").read_text().splitlines()
         assert bench[0].split("\t")[0] == "s" and len(bench) == 2
         assert not (out / "shards" / f"shard{i}.fa.partial").exists()
     # the round-robin split: records 1 and 4 in shard 1, 2 in shard 2, 3 in shard 3
-    assert list(by_id((out / "shards" / "shard1.fa").read_text())) == ["chrA", "contig.7"]
-    assert list(by_id((out / "shards" / "shard3.fa").read_text())) == ["plasmid_1"]
+    assert list(by_id((out / "shards" / "shard1.fa").read_text())) == ["chrA.cont", "contig.7.cont"]
+    assert list(by_id((out / "shards" / "shard3.fa").read_text())) == ["plasmid_1.cont"]
 
 
-def test_pipeline_script_equals_evspark_region(tmp_path, model):
+@pytest.mark.parametrize("extractor,region", [
+    ("samtools", "chrB:1,1-5,0"), ("samtools", "{chrB}:11-50"), ("python", "chrB:1,1-5,0"),
+    ("python", "chrB:11"), ("python", "chrA")])
+def test_pipeline_script_equals_evspark_region(tmp_path, model, extractor, region):
+    """pipeline.sh and `generate --region` give byte-identical FASTA for the same region and
+    seed, however the region is written (commas, an open end, braces), whichever extractor."""
     if not shutil.which("bash"):
         pytest.skip("bash not available")
+    if extractor == "samtools" and not shutil.which("samtools"):
+        pytest.skip("samtools is not installed (the python extractor is tested)")
     src = write_input(tmp_path)
     out = tmp_path / "cont.fa.gz"
     e = env() | {"EVSPARK": EVSPARK_CMD, "PYTHON": sys.executable, "EVSPARK_MODEL": str(model),
-                 "N": "7"}
-    p = subprocess.run(["bash", str(EXAMPLES / "pipeline.sh"), str(src), "chrB:11-50", str(out),
+                 "N": "7", "SEED": "3"}
+    if extractor == "python":  # a samtools that fails: the script falls back to Biopython
+        shim = tmp_path / "bin"
+        shim.mkdir()
+        (shim / "samtools").write_text("#!/bin/sh\nexit 1\n")
+        (shim / "samtools").chmod(0o755)
+        e["PATH"] = f"{shim}{os.pathsep}{e['PATH']}"
+    p = subprocess.run(["bash", str(EXAMPLES / "pipeline.sh"), str(src), region, str(out),
                         "--threads", "1", "--gamma", "3"], capture_output=True, text=True, env=e,
                        timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     got = gzip.decompress(out.read_bytes()).decode()
-    want = evspark("generate", src, "--region", "chrB:11-50", "--model", model, "-n", 7, "--seed",
-                   0,
+    want = evspark("generate", src, "--region", region, "--model", model, "-n", 7, "--seed", 3,
                    "--threads", 1, "--gamma", 3, "-q")
     assert got == want
-    assert got.startswith(">chrB:11-50 evspark ") and "new_tokens=7" in got
+    name = {"chrA": "chrA", "chrB:11": f"chrB:11-{len(RECORDS['chrB'])}"}.get(region,
+                                                                              "chrB:11-50")
+    assert got.startswith(f">{name}.cont evspark ") and "new_tokens=7" in got
+    assert got.splitlines()[0].endswith(f" prompt={name}")

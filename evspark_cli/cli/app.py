@@ -113,10 +113,26 @@ def _interrupted() -> str:
             "(rerun with --resume)")
 
 
-def register(*commands: Callable) -> None:
-    """Add commands to the app, in the order `evspark --help` lists them."""
+def register(*commands: Callable, examples: Mapping[str, str] | None = None) -> None:
+    """Add commands to the app, in the order `evspark --help` lists them; `examples` maps a
+    command's name to the worked example its help ends with."""
     for fn in commands:
-        app.command()(fn)
+        app.command(epilog=(examples or {}).get(fn.__name__))(fn)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"evspark {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", "-V", callback=_print_version,
+                                       is_eager=True, help="Print the version and exit.")
+          ) -> None:
+    """Lossless speculative decoding for StripedHyena 2 (Evo 2-style) DNA language models."""
 
 
 def main() -> None:

@@ -2,15 +2,23 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from .app import command, say
+from .common import use_threads
 from .options import CompileOpt, MaxMemoryOpt, ModelOpt, QuietOpt, ThreadsOpt
+from .progress import Progress
 
 if TYPE_CHECKING:
     from ..eval.bench import BenchConfig
+
+EXAMPLE = """Example: the quick protocol on your own prompts with 2 threads, report in bench-quick/
+(results.json, report.md):
+
+  evspark bench --preset quick --prompts my_prompts.fa -t 2 -o bench-quick"""
 
 # BenchConfig fields whose option has another name
 OPTIONS = {"new_tokens": "--max-new-tokens", "gamma_sweep": "--gammas", "depth_tokens": "--depth",
@@ -68,11 +76,11 @@ def bench(
     """The evaluation protocol: speedup, acceptance, losslessness and sweeps, into a report."""
     import json
 
-    from ..api import set_threads
     from ..eval.bench import bench_config, bench_drafters, check_output_dir, run_bench
     from ..model.checkpoint import load_model
 
-    set_threads(threads)
+    used = use_threads(threads)
+    t0 = time.monotonic()
     cfg = bench_config(preset, prompts, n_prompts=n_prompts, new_tokens=new_tokens, gamma=gamma,
                        seeds=seeds, context_genome=context_genome, baselines=baselines,
                        rollbacks=rollbacks, skip=skip, gammas=gammas, contexts=contexts,
@@ -82,14 +90,17 @@ def bench(
     _check_bench_files(cfg, out)
     model = load_model(model_dir, device="auto", compile=compile_cpu, max_memory=max_memory)
     drafters = bench_drafters(model, cfg, drafter)
-    res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
-                    log=(lambda m: None) if quiet else say)
+    with Progress("bench", "results", quiet=quiet) as prog:
+        res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
+                        log=prog.log)
     head = {k: round(v["summary"]["pooled_speedup"], 3) for k, v in res["speed"].items()}
     summary: dict = {"out": out, "pooled_speedup": head}
     if res.get("throughput"):
         summary["throughput_tokens_per_s"] = {k: v["tokens_per_s"] for k, v in
                                               res["throughput"]["modes"].items()}
     print(json.dumps(summary, indent=1))
+    prog.summary(f"evspark: bench: preset {preset}, {len(res['speed'])} speed settings, "
+                 f"{time.monotonic() - t0:.1f} s, {used.describe()}; report in {out}")
 
 
 def _check_bench_files(cfg: BenchConfig, out: str) -> None:

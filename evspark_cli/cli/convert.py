@@ -8,6 +8,11 @@ import typer
 from .app import command, say
 from .options import MaxMemoryOpt
 
+EXAMPLE = """Example: convert the Evo 2 1B base checkpoint and its config, then check it:
+
+  evspark convert evo2_1b_base.pt --config evo2-1b-8k.yml -o models/evo2-1b
+  evspark info --model models/evo2-1b"""
+
 
 @command()
 def convert(

@@ -2,13 +2,21 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from .app import command, say
-from .options import MaxMemoryOpt, ModelOpt, QuietOpt, ThreadsOpt, progress_bar
+from .common import use_threads
+from .options import MaxMemoryOpt, ModelOpt, QuietOpt, ThreadsOpt
+from .progress import Progress
+
+EXAMPLE = """Example: distil a drafter (seed 1) for a converted Evo 2 model from your genomes,
+building its teacher cache on the GPU:
+
+  evspark distill --model models/evo2-1b --train genomes/ --seed 1 --device cuda"""
 
 
 @command({"prefix_len": "--prefix"})
@@ -41,7 +49,6 @@ def distill(
     max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
     """Distil a DSpark drafter (parallel trunk + Markov head) from a target model."""
-    from ..api import set_threads
     from ..bundled import default_model_dir
     from ..train.distill import CacheConfig, DistillConfig, DistillTrainer, prepare_cache
     from ..train.pretrain import checkpoint_step
@@ -56,16 +63,22 @@ def distill(
                             train=list(train_data or []), natural_windows=natural_windows,
                             onpolicy_windows=onpolicy_windows, window=window, seed=0, device=device)
     _check_outputs(target, dest, train_data or [])
-    set_threads(threads)
+    used = use_threads(threads)
+    t0 = time.monotonic()
     prepare_cache(cache_cfg, log=lambda m: None if quiet else say(m), max_memory=max_memory)
     trainer = DistillTrainer(cfg, max_memory=max_memory)
     if trainer.resume():
         say(f"evspark: resumed drafter training at step {trainer.step}")
-    with progress_bar(quiet, "distill") as prog:
-        task = prog.add_task("distill", total=steps, completed=trainer.step, note="")
+    first, losses = trainer.step, []
+    with Progress("distill", "steps", total=steps, quiet=quiet) as prog:
+        prog.update(trainer.step)
+
+        def step_done(step: int, total: int, loss: float) -> None:
+            losses[:] = [loss]
+            prog.update(step, detail=f"loss {loss:.4f}")
+
         try:
-            trainer.run(lambda st, tot, loss: prog.update(task, completed=st,
-                                                          note=f"loss={loss:.4f}"))
+            trainer.run(step_done)
         except KeyboardInterrupt:
             ckpt = trainer.out / "ckpt.pt"
             say(f"evspark: interrupted; rerun the same command to resume from {ckpt} "
@@ -73,6 +86,9 @@ def distill(
             raise typer.Exit(130) from None
     folder = trainer.export(dest)
     say(f"evspark: wrote drafter {folder} ({trainer.step * batch * gamma:,} supervised positions)")
+    loss = f", last loss {losses[0]:.4f}" if losses else ""
+    say(f"evspark: distill: steps {first} to {trainer.step} of {steps} in "
+        f"{time.monotonic() - t0:.1f} s{loss}, {used.describe()}")
 
 
 def _check_outputs(target: Path, dest: Path, train: List[str]) -> None:

@@ -6,6 +6,11 @@ from typing import Optional
 from .app import command
 from .options import MaxMemoryOpt, ModelOpt
 
+EXAMPLE = """Example: what the bundled target holds, or any converted model:
+
+  evspark info
+  evspark info --model models/evo2-1b"""
+
 
 @command()
 def info(model_dir: Optional[str] = ModelOpt, max_memory: Optional[str] = MaxMemoryOpt) -> None:

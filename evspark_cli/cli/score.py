@@ -5,11 +5,13 @@ record that fails is reported and skipped, and the others stay for `--resume`.
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from .app import command, debug_traceback, fail, first_line, say
+from .app import command, debug_traceback, fail, first_line
+from .common import read_input, use_threads
 from .options import (
     DeviceOpt,
     DtypeOpt,
@@ -18,15 +20,22 @@ from .options import (
     ModelOpt,
     QuietOpt,
     RegionOpt,
+    RegionsOpt,
     ShardOpt,
+    StrictOpt,
     TailOpt,
     ThreadsOpt,
-    progress_bar,
 )
+from .progress import Progress
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
     from ..io.fasta import Prompt
     from ..model.model import StripedHyena
+
+EXAMPLE = """Example: bits per nucleotide of every contig of an assembly, each base seeing at
+least 8,192 bases of context, as a TSV:
+
+  evspark score assembly.fa.gz --context 8192 -o bits.tsv"""
 
 
 @command()
@@ -44,8 +53,10 @@ def score(
                                          "Default: 8192, or what the context leaves of the "
                                          "model's context if less."),
     region: Optional[List[str]] = RegionOpt,
+    regions: Optional[str] = RegionsOpt,
     prompt_tail: Optional[int] = TailOpt,
     shard: Optional[str] = ShardOpt,
+    strict: bool = StrictOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     threads: int = ThreadsOpt,
@@ -59,10 +70,8 @@ def score(
 
     Rows are written as records finish, to OUTPUT.partial (renamed when every record is done):
     a record that fails is reported and skipped, and the others stay for `--resume`."""
-    from ..api import set_threads
     from ..eval.score import check_score_windows
     from ..files import Output, check_distinct
-    from ..io.fasta import read_prompts
     from ..io.writers import PARTIAL_SUFFIX, check_output_path
     from ..limits import score_cap, score_windows
     from ..model.checkpoint import load_model, resolve_device
@@ -74,18 +83,36 @@ def score(
     check_distinct(inputs, [Output("--output", output, (PARTIAL_SUFFIX,)),
                             Output("--logits", logits)])
     budget = memory_budget(resolve_device(device), max_memory)
-    prompts = read_prompts(inputs, region or None, prompt_tail, shard=shard, iupac=iupac,
-                           cap=score_cap(budget))
-    set_threads(threads)
-    model = load_model(model_dir, device=device, dtype=dtype, max_memory=max_memory)
-    left = run_budget(model.device, max_memory, model.num_parameters() * 4)
-    context, window = score_windows(model.config, context, window, [len(p.seq) for p in prompts],
-                                    bool(logits), left)
-    _score_all(model, prompts, context, window, output, logits, resume, quiet)
+    got = read_input(inputs, region, regions, prompt_tail, shard, strict, iupac=iupac,
+                     cap=score_cap(budget))
+    used = use_threads(threads)
+    t0 = time.monotonic()
+    with Progress("score", "bases", total=sum(len(p.seq) for p in got.prompts),
+                  quiet=quiet) as prog:
+        prog.update(status="loading the model")
+        model = load_model(model_dir, device=device, dtype=dtype, max_memory=max_memory)
+        prog.update(status="")
+        left = run_budget(model.device, max_memory, model.num_parameters() * 4)
+        context, window = score_windows(model.config, context, window,
+                                        [len(p.seq) for p in got.prompts], bool(logits), left)
+        failed, partial = _score_all(model, got.prompts, context, window, output, logits,
+                                     resume, prog)
+    n = len(got.prompts)
+    skipped = f", {len(got.skipped)} empty records skipped" if got.skipped else ""
+    prog.summary(f"evspark: score: {n - len(failed)} of {n} records scored, "
+                 f"{sum(len(p.seq) for p in got.prompts):,} bases in "
+                 f"{time.monotonic() - t0:.1f} s, {used.describe()}{skipped}")
+    if failed:
+        kept = f"kept in {partial}; rerun with --resume" if partial else "printed"
+        fail(f"{len(failed)} of {n} records failed ({', '.join(failed[:5])}); the others are "
+             f"{kept}", 1)
 
 
 def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window: int,
-               output: str | None, logits: str | None, resume: bool, quiet: bool) -> None:
+               output: str | None, logits: str | None, resume: bool, prog: Progress
+               ) -> tuple[list[str], str | None]:
+    """Score every prompt (rows written as they finish): the ids of the records that failed
+    (each reported as it fails) and, if any did, the .partial that keeps the others."""
     import torch
 
     from ..eval import score as scoring
@@ -96,33 +123,30 @@ def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window:
     saved: dict[str, torch.Tensor] = {}
     failed: list[str] = []
     with StatsOutput(output, scoring.SCORE_COLUMNS, resume=resume, fmt=fmt) as rows:
-        with progress_bar(quiet, "score") as prog:
-            task = prog.add_task("score", total=len(prompts), note="")
-            for p in prompts:
-                done = p.id in rows.done_ids
-                if done and not logits:  # resumed: its row is in the partial already
-                    prog.advance(task)
-                    continue
-                try:  # a resumed record is scored again only for its logits
-                    bpn, lg = scoring.score_sequence(model, tokenize_tensor(p.seq), context,
-                                                     window, keep_logits=bool(logits))
-                except Exception as e:  # noqa: BLE001 - one bad record must not sink the rest
-                    debug_traceback()
-                    say(f"evspark: error: record '{p.id}' failed: {first_line(e)}")
-                    failed.append(p.id)
-                    prog.advance(task)
-                    continue
-                if not done:
-                    rows.write({"record_id": p.id, "length": len(p.seq),
-                                "bits_per_nt": round(bpn, 4)})
-                if logits and lg is not None:
-                    saved[p.id] = lg
-                prog.advance(task)
+        for n, p in enumerate(prompts, 1):
+            done = p.id in rows.done_ids
+            if done and not logits:  # resumed: its row is in the partial already
+                prog.advance(len(p.seq))
+                continue
+            try:  # a resumed record is scored again only for its logits
+                bpn, lg = scoring.score_sequence(model, tokenize_tensor(p.seq), context,
+                                                 window, keep_logits=bool(logits))
+            except Exception as e:  # noqa: BLE001 - one bad record must not sink the rest
+                debug_traceback()
+                prog.say(f"evspark: error: record '{p.id}' failed: {first_line(e)}")
+                failed.append(p.id)
+                prog.advance(len(p.seq))
+                continue
+            if not done:
+                rows.write({"record_id": p.id, "length": len(p.seq),
+                            "bits_per_nt": round(bpn, 4)})
+            if logits and lg is not None:
+                saved[p.id] = lg
+            prog.advance(len(p.seq))
+            prog.milestone(f"{n}/{len(prompts)} records")
         if failed:
             rows.close()
-            kept = f"kept in {rows.partial}; rerun with --resume" if rows.partial else "printed"
-            fail(f"{len(failed)} of {len(prompts)} records failed ({', '.join(failed[:5])}); "
-                 f"the others are {kept}", 1)
+            return failed, rows.partial
         if logits:
             from safetensors.torch import save_file
 
@@ -131,3 +155,4 @@ def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window:
             with atomic_path(logits) as tmp:
                 save_file({k: v.contiguous() for k, v in saved.items()}, tmp)
         rows.finish()
+    return failed, None

@@ -1,12 +1,19 @@
 """`evspark train`: pretrain a StripedHyena 2 target on FASTA genomes (train/pretrain.py)."""
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import typer
 
 from .app import command, say
-from .options import MaxMemoryOpt, QuietOpt, progress_bar
+from .options import MaxMemoryOpt, QuietOpt
+from .progress import Progress
+
+EXAMPLE = """Example: pretrain the bundled recipe in a run folder of your own (resumable: rerun
+the same command after an interruption), then export the model:
+
+  evspark train --config runs/sh2-192/train_config.json"""
 
 
 @command()
@@ -42,12 +49,15 @@ def train(
     trainer = Trainer(cfg, max_memory=max_memory)
     if trainer.start(resume, export_only):
         say(f"evspark: resumed {cfg.out_dir} at step {trainer.step}")
+    t0, first, last_loss = time.monotonic(), trainer.step, None
     if not export_only:
-        with progress_bar(quiet, "train") as prog:
-            task = prog.add_task("train", total=cfg.steps, completed=trainer.step, note="")
+        with Progress("train", "steps", total=cfg.steps, quiet=quiet) as prog:
+            prog.update(trainer.step)
 
             def cb(step: int, total: int, loss: float) -> None:
-                prog.update(task, completed=step, note=f"loss={loss:.3f}")
+                nonlocal last_loss
+                last_loss = loss
+                prog.update(step, detail=f"loss {loss:.3f}")
 
             try:
                 trainer.run(cb, stop_at=run.stop_at)
@@ -57,3 +67,6 @@ def train(
                 raise typer.Exit(130) from None
     folder = trainer.export(run.export)
     say(f"evspark: exported {folder} (step {trainer.step}, {trainer.tokens_seen:,} tokens)")
+    loss = f", last loss {last_loss:.3f}" if last_loss is not None else ""
+    say(f"evspark: train: steps {first} to {trainer.step} of {cfg.steps} in "
+        f"{time.monotonic() - t0:.1f} s{loss}, {trainer.tokens_seen:,} tokens seen")

@@ -4,12 +4,18 @@ Exit 0 when no prompt has a non-tie divergence, 1 otherwise.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import List, Optional
 
 import typer
 
 from .app import command
+from .common import read_input, use_threads
 from .options import (
+    OUTPUT_PANEL,
+    PERFORMANCE_PANEL,
+    SAMPLING_PANEL,
+    SPECULATION_PANEL,
     CompileOpt,
     DeviceOpt,
     DtypeOpt,
@@ -20,11 +26,19 @@ from .options import (
     ModelOpt,
     QuietOpt,
     RegionOpt,
+    RegionsOpt,
     ShardOpt,
+    StrictOpt,
     TailOpt,
     ThreadsOpt,
-    progress_bar,
+    option,
 )
+from .progress import Progress
+
+EXAMPLE = """Example: check that the bundled drafter is lossless on the first 512 bases after
+each region of a BED file, 256 tokens each, and keep a JSON report:
+
+  evspark verify genome.fa --regions promoters.bed --prompt-tail 512 -n 256 --report v.json"""
 
 
 @command()
@@ -32,28 +46,33 @@ def verify(
     inputs: Optional[List[str]] = typer.Argument(None, metavar="[INPUT...]", help="FASTA prompts "
                                                  "(default: the bundled example prompts)."),
     model_dir: Optional[str] = ModelOpt,
-    drafter: str = typer.Option("auto", "--drafter", help="Drafter to check (auto, dspark, kmer, "
-                                "identity or a folder)."),
+    drafter: str = option("auto", "--drafter", help="Drafter to check (auto, dspark, kmer, "
+                          "identity or a folder).", panel=SPECULATION_PANEL),
     gamma: int = GammaOpt,
-    max_new_tokens: int = typer.Option(256, "-n", "--max-new-tokens", help="Tokens per prompt."),
+    max_new_tokens: int = option(256, "-n", "--max-new-tokens", help="Tokens per prompt.",
+                                 panel=SAMPLING_PANEL),
     region: Optional[List[str]] = RegionOpt,
+    regions: Optional[str] = RegionsOpt,
     prompt_tail: Optional[int] = TailOpt,
     shard: Optional[str] = ShardOpt,
-    rollback: str = typer.Option("slice", "--rollback", help="slice or replay."),
-    report: Optional[str] = typer.Option(None, "--report", help="Write a JSON report here."),
-    tie_tolerance: Optional[float] = typer.Option(
+    strict: bool = StrictOpt,
+    rollback: str = option("slice", "--rollback", help="slice or replay.",
+                           panel=SPECULATION_PANEL),
+    report: Optional[str] = option(None, "--report", help="Write a JSON report here.",
+                                   panel=OUTPUT_PANEL),
+    tie_tolerance: Optional[float] = option(
         None, "--tie-tolerance", help="A divergence is a tie when the native top-1/top-2 logit "
         "gap there is below this. Default: 1e-3 for fp32 weights, 0.1 for bf16 (whose logits "
-        "a step and a block round differently)."),
+        "a step and a block round differently).", panel=OUTPUT_PANEL),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     cuda_graphs: bool = GraphsOpt,
     compile_cpu: bool = CompileOpt,
-    force_drafter: bool = typer.Option(False, "--force-drafter", help="Allow a mismatched "
-                                       "drafter."),
-    batch_size: int = typer.Option(1, "--batch-size", "-b", help="Decode the prompts "
-                                   "speculatively in batches of this many rows, each compared "
-                                   "with its own single-stream native run."),
+    force_drafter: bool = option(False, "--force-drafter", help="Allow a mismatched drafter.",
+                                 panel=SPECULATION_PANEL),
+    batch_size: int = option(1, "--batch-size", "-b", help="Decode the prompts speculatively in "
+                             "batches of this many rows, each compared with its own "
+                             "single-stream native run.", panel=PERFORMANCE_PANEL),
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
     iupac: str = IupacOpt,
@@ -62,11 +81,11 @@ def verify(
     """Greedy native vs greedy speculative decoding, compared token by token (exit 1 on a
     non-tie divergence)."""
     import json
+    import time
 
-    from ..api import DecodeOptions, model_and_drafter, set_threads
+    from ..api import DecodeOptions, model_and_drafter
     from ..bundled import example_prompts
     from ..eval.verify import VerifyOptions, verify_prompts
-    from ..io.fasta import read_prompts
     from ..io.writers import check_distinct_outputs, check_output_path, write_text_atomic
     from ..limits import context_cap
 
@@ -75,18 +94,36 @@ def verify(
     if report:
         check_output_path(report)
         check_distinct_outputs(inputs, [("--report", report)])
-    prompts = read_prompts(inputs or [str(example_prompts())], region or None, prompt_tail,
-                           shard=shard, iupac=iupac, cap=context_cap(model_dir))
-    set_threads(threads)
-    model, d = model_and_drafter(model_dir, prompts, options.decode, drafter, force_drafter,
-                                 device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                                 compile=compile_cpu, max_memory=max_memory)
-    with progress_bar(quiet, "verify") as prog:
-        task = prog.add_task("verify", total=len(prompts), note="")
-        result = verify_prompts(model, prompts, d, options, lambda row: prog.advance(task),
-                                batch_size=options.batch_size)
+    t0 = time.monotonic()
+    prompts = read_input(inputs or [str(example_prompts())], region, regions, prompt_tail, shard,
+                         strict, iupac=iupac, cap=context_cap(model_dir)).prompts
+    used = use_threads(threads)
+    with Progress("verify", "prompts", total=len(prompts), quiet=quiet) as prog:
+        prog.update(status="loading the model")
+        model, d = model_and_drafter(model_dir, prompts, options.decode, drafter, force_drafter,
+                                     device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                                     compile=compile_cpu, max_memory=max_memory)
+        prog.update(status="")
+        result = verify_prompts(model, prompts, d, options, _counter(prog), options.batch_size)
     print("\n".join(result.table()))
     if report:
         write_text_atomic(report, json.dumps(result.report(), indent=1))
+    compared = sum(r["compared"] for r in result.rows)
+    prog.summary(f"evspark: verify: {len(result.rows)} prompts, {compared:,} tokens compared, "
+                 f"{result.ties} ties, {len(result.non_tie_divergences)} non-tie divergences, "
+                 f"{time.monotonic() - t0:.1f} s, {used.describe()}")
     if result.non_tie_divergences:
         raise typer.Exit(1)
+
+
+def _counter(prog: Progress) -> Callable[[dict], None]:
+    """The per-prompt callback: advance the progress and keep the divergence count in it."""
+    diverged = 0
+
+    def row_done(row: dict) -> None:
+        nonlocal diverged
+        diverged += row["divergence"] is not None and not row["tie"]
+        prog.advance()
+        prog.milestone(f"{diverged} non-tie divergences")
+
+    return row_done

@@ -63,6 +63,20 @@ class Prompt:
     description: str
     seq: str
     source: str  # the input path ('-' for stdin), plus ':REGION' when read through a region
+    # --- where the bases came from (io/regions.py, output headers, warnings)
+    key: str = ""  # the name its random numbers are keyed by when not `id` (a named BED line)
+    span: tuple[str, int, int] | None = None  # (record, start, end), 1-based inclusive, when
+    #                                           `seq` is not the whole record `id`
+    soft_masked: bool = False  # the input had lower-case bases (upper-cased here)
+
+    @property
+    def random_key(self) -> str:
+        return self.key or self.id
+
+    @property
+    def coordinates(self) -> str:
+        """Where the prompt's bases are: `ID` for a whole record, else `RECORD:START-END`."""
+        return f"{self.span[0]}:{self.span[1]}-{self.span[2]}" if self.span else self.id
 
 
 @dataclass(frozen=True)
@@ -312,6 +326,7 @@ class _Checked:
         self.parts: deque[str] = deque()
         self.kept = 0
         self.seen = 0
+        self.soft_masked = False  # lower-case bases seen (upper-cased by `_clean`)
 
     def add(self, piece: str) -> None:
         bases = piece.translate(_WHITESPACE)
@@ -321,7 +336,9 @@ class _Checked:
             self._flush()
 
     def _flush(self) -> None:
-        bases = _clean("".join(self.pending), self.what, self.seen, self.iupac, self.key)
+        text = "".join(self.pending)
+        self.soft_masked = self.soft_masked or text != text.upper()
+        bases = _clean(text, self.what, self.seen, self.iupac, self.key)
         self.pending, self.pending_len = [], 0
         self.seen += len(bases)
         if self.tail is None and self.cap is not None and self.seen > self.cap.bases:
@@ -403,10 +420,6 @@ def _record_dup(rid: str, path: str, seen: dict[str, str]) -> None:
         where = f"twice in {path}" if seen[rid] == path else f"in {seen[rid]} and in {path}"
         raise _fail(f"duplicate record id {rid!r} ({where})")
     seen[rid] = path
-
-
-def _tail(seq: str, tail: int | None) -> str:
-    return seq[-tail:] if tail is not None else seq
 
 
 # --------------------------------------------------------------------------- regions
@@ -673,11 +686,9 @@ def _read_regions(
         if not isinstance(t, str) or not t or any(c.isspace() for c in t):
             raise _fail(f"malformed region {t!r}: expected ID, ID:START-END or ID:START "
                         "(no spaces)")
-    wanted: set[str] = set(texts)
-    for t in texts:
-        m = _REGION.match(t)
-        if m is not None:
-            wanted.add(m.group("name"))
+    from .regions import candidate_names, resolve_region
+
+    wanted: set[str] = set().union(*(candidate_names(t) for t in texts))
     with contextlib.ExitStack() as stack:
         owner: dict[str, _Source] = {}
         seen: dict[str, str] = {}
@@ -690,7 +701,7 @@ def _read_regions(
         prompts: list[Prompt] = []
         given: set[str] = set()
         for text in texts:
-            region = Region(text, text, None, None) if text in owner else parse_region(text)
+            region = resolve_region(text, owner.__contains__)
             src = owner.get(region.name)
             if src is None:
                 more = f" (+{len(inputs) - 3} more)" if len(inputs) > 3 else ""
@@ -721,11 +732,14 @@ def _read_regions(
             first = max(start, end - tail + 1) if tail is not None else start
             if tail is None and cap is not None and end - start + 1 > cap.bases:
                 raise cap.refusal(what)
-            seq = _clean(src.fetch(region.name, first, end), what, first - 1, iupac,
-                         _record_key(region.name))
+            raw = src.fetch(region.name, first, end)
+            seq = _clean(raw, what, first - 1, iupac, _record_key(region.name))
             if not seq:  # e.g. a record of blank lines that an index counted as bases
                 raise _fail(f"{what} is empty (no sequence)")
-            prompts.append(Prompt(rid, "", _tail(seq, tail), f"{src.path}:{rid}"))
+            first = end - len(seq) + 1
+            span = None if (first, end) == (1, length) else (region.name, first, end)
+            prompts.append(Prompt(rid, "", seq, f"{src.path}:{rid}", span=span,
+                                  soft_masked=raw != raw.upper()))
         return prompts
 
 
@@ -739,9 +753,14 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[Prompt]:
     Empty records are yielded (with an empty sequence); `read_prompts` refuses them.
     """
     path = os.fspath(path)
-    for rid, desc, seq in _iter_records(path, lambda rid: _Checked(f"record {rid!r} in {path}",
-                                                                   "keep", 0, None, None)):
-        yield Prompt(rid, desc, seq or "", path)
+    made: dict[str, _Checked] = {}
+
+    def sink(rid: str) -> _Checked:
+        made[rid] = _Checked(f"record {rid!r} in {path}", "keep", 0, None, None)
+        return made[rid]
+
+    for rid, desc, seq in _iter_records(path, sink):
+        yield Prompt(rid, desc, seq or "", path, soft_masked=made.pop(rid).soft_masked)
 
 
 def read_prompts(
@@ -752,6 +771,7 @@ def read_prompts(
     shard: str | tuple[int, int] | None = None,
     iupac: str = "keep",
     cap: LengthCap | None = None,
+    keep_empty: bool = False,
 ) -> list[Prompt]:
     """Read, validate and upper-case every record of every input (or only `regions`).
 
@@ -760,7 +780,9 @@ def read_prompts(
     `prompt_tail` keeps the last N bases (streaming: only those are held); without it a record
     longer than `cap` is refused as soon as it is read that far. U becomes T and `iupac`
     (alphabet.py) says what the other ambiguity codes become. `shard` ("I/N") keeps every N-th
-    prompt from the I-th (io/shard.py). Raises InputError with a one-line message.
+    prompt from the I-th (io/shard.py). An empty record is an error, or with `keep_empty` a
+    prompt with no bases (io/prompts.py skips them with a warning); io/regions.py has the
+    region grammar. Raises InputError with a one-line message.
     """
     tail = _check_tail(prompt_tail)
     check_iupac(iupac)
@@ -774,12 +796,20 @@ def read_prompts(
     prompts: list[Prompt] = []
     seen: dict[str, str] = {}
     for path in inputs:
+        made: dict[str, _Checked] = {}
+
         def sink(rid: str, path: str = path) -> _Checked:
-            return _Checked(f"record {rid!r} in {path}", iupac, _record_key(rid), tail, cap)
+            made[rid] = _Checked(f"record {rid!r} in {path}", iupac, _record_key(rid), tail, cap)
+            return made[rid]
 
         for rid, desc, seq in _iter_records(path, sink):
-            if not seq:
+            if not seq and not keep_empty:
                 raise _fail(f"record {rid!r} in {path} is empty (no sequence)")
             _record_dup(rid, path, seen)
-            prompts.append(Prompt(rid, desc, seq, path))
+            checked = made.pop(rid)
+            seq = seq or ""
+            span = (rid, checked.seen - len(seq) + 1, checked.seen) \
+                if len(seq) < checked.seen else None
+            prompts.append(Prompt(rid, desc, seq, path, span=span,
+                                  soft_masked=checked.soft_masked))
     return select_shard(prompts, shard_t)

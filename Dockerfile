@@ -1,0 +1,46 @@
+# syntax=docker/dockerfile:1.4
+# EvSpark on a CPU, built from this repository with the bundled model and its drafters. The image
+# is produced only when the README's test command passes inside it (the `test` stage), which
+# needs the shared test data (phiX, the vortex oracle) as the named build context `shared`:
+#
+#   docker build --build-context shared=../shared -t evspark:0.1.0 .
+#   docker run --rm -v "$PWD:/data" -w /data evspark:0.1.0 \
+#       evspark generate genome.fa --region chr1:1,000,001-1,004,000 -n 1024 -o cont.fa
+#
+# torch comes from PyPI like every other dependency (its Linux wheel carries CUDA libraries that
+# a CPU run leaves unused); `--build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu` takes
+# the much smaller CPU-only build instead. docs/workflows.md has the details.
+
+ARG PYTHON=3.11
+
+# the test data: empty unless given with --build-context shared=PATH (the tests then fail, and
+# say to set EVSPARK_SHARED)
+FROM scratch AS shared
+
+FROM python:${PYTHON}-slim AS base
+ARG TORCH=2.13.0
+ARG TORCH_INDEX=
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+# samtools and bgzip (tabix) for the shell pipeline of examples/; g++ for --compile (torch.compile)
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends samtools tabix g++ procps \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /opt/evspark
+COPY . .
+RUN pip install ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "torch==${TORCH}" \
+ && pip install -e ".[test]"
+
+FROM base AS test
+COPY --from=shared . /opt/shared
+ENV EVSPARK_SHARED=/opt/shared
+# the README's test command
+RUN ruff check . && python -m pytest -q -x -p no:cacheprovider && touch /opt/evspark/.tested
+
+FROM base AS runtime
+# tie the runtime image to a passing test stage
+COPY --from=test /opt/evspark/.tested /opt/evspark/.tested
+RUN useradd --create-home --uid 1000 evspark
+USER evspark
+WORKDIR /data
+ENTRYPOINT []
+CMD ["evspark", "--help"]

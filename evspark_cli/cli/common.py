@@ -1,0 +1,46 @@
+"""What the commands that read prompts and use CPU threads share: warnings and their checks.
+
+A warning is one `evspark: warning: ...` line on stderr, printed whatever `--quiet` says: it
+is about the user's data or settings, not about progress.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .app import say
+
+if TYPE_CHECKING:
+    from ..cpus import Threads
+    from ..io.fasta import LengthCap
+    from ..io.prompts import Prompts
+
+
+def warn(message: str) -> None:
+    say(f"evspark: warning: {message}")
+
+
+def read_input(inputs: list[str] | None, region: list[str] | None, regions: str | None,
+               prompt_tail: int | None, shard: str | None, strict: bool,
+               literal: str | None = None, iupac: str = "keep",
+               cap: LengthCap | None = None) -> Prompts:
+    """The run's prompts (io/prompts.py), with their warnings printed; `iupac` and `cap` as
+    for io/fasta.read_prompts."""
+    from ..io.prompts import load_prompts
+
+    got = load_prompts(inputs, region or None, regions, literal, prompt_tail, shard, strict,
+                       iupac=iupac, cap=cap)
+    for w in got.warnings:
+        warn(w)
+    return got
+
+
+def use_threads(threads: int) -> Threads:
+    """Set torch's CPU threads (0: the CPUs this process may use) and warn when more were asked
+    for than the process may use: the threads would compete for the same cores."""
+    from ..api import set_threads
+
+    got = set_threads(threads)
+    if got.oversubscribed:
+        warn(f"--threads {got.count} is more than the {got.allowed.count} CPUs this process "
+             f"may use ({got.allowed.source}); the threads will compete for them")
+    return got

@@ -1,0 +1,202 @@
+"""Where prompts come from besides whole records: region strings, BED files, a literal sequence.
+
+Region strings follow samtools (htslib's region grammar), so a region a user copies from a
+genome browser or a samtools command means the same thing here:
+
+- `ID`, `ID:START`, `ID:START-END`, `ID:START-` and `ID:-END`; 1-based and inclusive; commas
+  in numbers are ignored (`chr1:1,000-2,000`).
+- A record whose name itself looks like a range (`chr1:5` next to `chr1`) makes the string
+  ambiguous: that is an error naming both readings, and `{chr1:5}` (the record) or `{chr1}:5`
+  (the range) says which is meant.
+- The prompt's id is the region written the one canonical way, `ID:START-END` with the end
+  filled in and no commas, or `ID` for a whole record. Random numbers are keyed by that id,
+  so `chr1:1,001-2,000` and `chr1:1001-2000` continue identically, whoever extracted them.
+
+BED files are 0-based and half-open: line `chr1 1000 2000` is `chr1:1001-2000`. The name
+column, when present (and not "."), becomes the prompt's id; the random key stays the region
+(`Prompt.key`), so a named BED line continues exactly like the same `--region`.
+"""
+from __future__ import annotations
+
+import gzip
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    from .fasta import Prompt, Region
+
+LITERAL_ID = "prompt"
+"""The id of a `--prompt SEQUENCE` (and the name its random numbers are keyed by)."""
+
+_NUMBER = r"[0-9][0-9,]*"
+_COORDS = re.compile(
+    rf"^(?:(?P<start>{_NUMBER})(?:-(?P<end>{_NUMBER})?)?|-(?P<only_end>{_NUMBER}))$")
+_BED_SKIP = ("#", "track", "browser")
+_USAGE = "expected ID, ID:START-END, ID:START or {ID} (1-based, inclusive; e.g. chr1:1,000-2,000)"
+
+
+@dataclass(frozen=True)
+class BedRegion:
+    """One BED line: the region as a samtools string (1-based, inclusive) and its name."""
+
+    region: str  # "{chrom}:START-END": braces keep a chrom with ':' in it one name
+    canonical: str  # "chrom:START-END", the prompt's random key
+    name: str | None
+    where: str  # "file.bed:12", for messages
+
+
+def _fail(message: str) -> InputError:
+    return InputError(" ".join(message.split()))
+
+
+def _coords(text: str, region: str) -> tuple[int, int | None]:
+    """START[-[END]] or -END -> (start, end or None for "to the end of the record")."""
+    m = _COORDS.match(text)
+    if m is None:
+        raise _fail(f"malformed region {region!r}: {_USAGE}")
+    if m.group("only_end") is not None:
+        start, end = 1, int(m.group("only_end").replace(",", ""))
+    else:
+        start = int(m.group("start").replace(",", ""))
+        end = int(m.group("end").replace(",", "")) if m.group("end") else None
+    if start < 1:
+        raise _fail(f"region {region!r}: start must be >= 1 (coordinates are 1-based), "
+                    f"got {start}")
+    if end is not None and start > end:
+        raise _fail(f"region {region!r}: start {start} is after end {end}")
+    return start, end
+
+
+def _range_split(text: str) -> tuple[str, str] | None:
+    """`NAME:COORDS` split at the last ':' when what follows it is coordinates."""
+    name, sep, coords = text.rpartition(":")
+    if not sep or not name or _COORDS.match(coords) is None:
+        return None
+    return name, coords
+
+
+def candidate_names(text: str) -> set[str]:
+    """Every record name a region string could refer to (to know what to read from a stream
+    before the ambiguity can be judged)."""
+    if text.startswith("{") and "}" in text:
+        return {text[1:text.index("}")]}
+    names = {text}
+    split = _range_split(text)
+    if split is not None:
+        names.add(split[0])
+    return names
+
+
+def resolve_region(text: str, is_record: Callable[[str], bool]) -> Region:
+    """The region a samtools-style string names, given which record names exist.
+
+    Raises InputError for a malformed or ambiguous string; a name that matches no record is
+    returned as is (the caller names the inputs it looked in).
+    """
+    from .fasta import Region
+
+    if not isinstance(text, str) or not text or any(c.isspace() for c in text):
+        raise _fail(f"malformed region {text!r}: {_USAGE} (no spaces)")
+    if text.startswith("{"):
+        close = text.find("}")
+        if close <= 1:
+            raise _fail(f"malformed region {text!r}: {{ID}} needs a name and a closing '}}'")
+        name, rest = text[1:close], text[close + 1:]
+        if not rest:
+            return Region(text, name, None, None)
+        if not rest.startswith(":"):
+            raise _fail(f"malformed region {text!r}: after {{ID}} only :START-END may follow")
+        start, end = _coords(rest[1:], text)
+        return Region(text, name, start, end)
+    split = _range_split(text)
+    whole = is_record(text)
+    if whole and split is not None and is_record(split[0]):
+        name, coords = split
+        raise _fail(f"region {text!r} is ambiguous: it names record {text!r} and a range of "
+                    f"record {name!r}; use {{{text}}} for the record or {{{name}}}:{coords} "
+                    "for the range")
+    if whole or split is None:
+        if ":" in text and not whole:
+            raise _fail(f"malformed region {text!r}: {_USAGE}")
+        return Region(text, text, None, None)
+    start, end = _coords(split[1], text)
+    return Region(text, split[0], start, end)
+
+
+# --------------------------------------------------------------------------- BED
+
+
+def _bed_lines(path: str) -> Iterator[tuple[int, str]]:
+    try:
+        with open(path, "rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+        opener = gzip.open if gz else open
+        with opener(path, "rt", encoding="utf-8-sig", newline=None) as f:  # type: ignore[operator]
+            for lineno, line in enumerate(f, 1):
+                yield lineno, line.rstrip("\n")
+    except FileNotFoundError:
+        raise _fail(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise _fail(f"{path}: is a directory, not a BED file") from None
+    except PermissionError:
+        raise _fail(f"{path}: permission denied") from None
+    except UnicodeDecodeError:
+        raise _fail(f"{path}: not a text BED file (not UTF-8)") from None
+    except (OSError, EOFError) as e:
+        raise _fail(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+
+
+def read_bed(path: str) -> list[BedRegion]:
+    """The regions of a BED file, in file order (BED3 or more columns; header, `track`,
+    `browser`, comment and blank lines skipped)."""
+    out: list[BedRegion] = []
+    for lineno, line in _bed_lines(path):
+        where = f"{path}:{lineno}"
+        if not line.strip() or line.startswith(_BED_SKIP):
+            continue
+        cols = line.split("\t") if "\t" in line else line.split()
+        if len(cols) < 3:
+            raise _fail(f"{where}: a BED line needs at least 3 columns (chrom, start, end), "
+                        f"got {len(cols)}")
+        chrom = cols[0].strip()
+        try:
+            start0, end = int(cols[1]), int(cols[2])
+        except ValueError:
+            raise _fail(f"{where}: start and end must be integers, got {cols[1]!r} and "
+                        f"{cols[2]!r}") from None
+        if not chrom or any(c.isspace() for c in chrom):
+            raise _fail(f"{where}: empty or malformed chromosome name {chrom!r}")
+        if start0 < 0 or end <= start0:
+            raise _fail(f"{where}: BED start {start0} and end {end} do not make a region "
+                        "(0-based, half-open: 0 <= start < end)")
+        name = cols[3].strip() if len(cols) > 3 else ""
+        if name and any(c.isspace() for c in name):
+            raise _fail(f"{where}: name {name!r} has whitespace (it becomes a FASTA id)")
+        out.append(BedRegion(f"{{{chrom}}}:{start0 + 1}-{end}", f"{chrom}:{start0 + 1}-{end}",
+                             name if name and name != "." else None, where))
+    if not out:
+        raise _fail(f"{path}: no regions (only blank, comment, track or browser lines)")
+    return out
+
+
+def name_bed_prompts(prompts: list[Prompt], beds: list[BedRegion]) -> list[Prompt]:
+    """Prompts read through `beds`' regions, renamed by the BED name column where there is
+    one; the random key stays the region."""
+    from dataclasses import replace
+
+    seen: dict[str, str] = {}
+    out: list[Prompt] = []
+    for p, b in zip(prompts, beds):
+        if b.name is None:
+            out.append(p)
+            continue
+        if b.name in seen:
+            raise _fail(f"{b.where}: name {b.name!r} is also used at {seen[b.name]}; names "
+                        "become FASTA ids and must be unique")
+        seen[b.name] = b.where
+        out.append(replace(p, id=b.name, key=p.key or p.id))
+    return out
