@@ -20,7 +20,7 @@ def models(make_model):
 
 
 PROMPTS = (3, 17, 40, 9)  # rows at different positions, near each other (one attention call)
-FAR = (3, 17, 140, 9)  # and far apart (each row attends alone: state.RAGGED_SPREAD)
+FAR = (3, 17, 1400, 9)  # and far apart (each row attends alone: state.ragged_batched)
 ROUNDS = ((1, (1, 1, 1, 1)), (5, (2, 5, 1, 3)), (13, (13, 1, 7, 4)), (1, (1, 1, 1, 1)),
           (4, (4, 2, 3, 1)), (2, (1, 2, 2, 1)))  # (block length k, commit j per row)
 
@@ -225,12 +225,13 @@ def test_ragged_attention_past_long_prefix(k, spread):
     flash pass over the keys every row has, then a masked pass over the rest), far apart or one
     below the threshold (each row alone): each row equals its own attention."""
     from evspark_cli.model import attention
-    from evspark_cli.model.state import KVCache
+    from evspark_cli.model.state import KVCache, ragged_batched
 
     g = torch.Generator().manual_seed(k)
     split = attention.SPLIT_MIN_PREFIX
-    t0 = {"near": (split + 5, split + 40, split + 20), "far": (split + 5, split + 40, split + 400),
+    t0 = {"near": (split + 5, split + 40, split + 20), "far": (split + 5, split + 40, split + 2000),
           "low": (split + 5, split + 40, 300)}[spread]
+    assert ragged_batched(t0) == (spread == "near")
     cap = max(t0) + k
     keys = torch.randn(3, 2, cap, 16, generator=g)
     vals = torch.randn(3, 2, cap, 16, generator=g)

@@ -130,10 +130,10 @@ def attend_block(q: Tensor, cache: KVCache, t0: Lengths) -> Tensor:
     """Queries of row b at positions t0[b]..t0[b]+k-1 over that row's keys 0..t0[b]+k-1 (causal
     inside the block).
 
-    Rows at different positions: when they are close (`RAGGED_SPREAD`), one call attends over
-    the furthest row's keys with the keys a row has not written masked; when they are far apart
-    (prompts of very different lengths), each row attends to its own keys alone, which costs
-    what the rows need rather than every row the longest row's keys."""
+    Rows at different positions: when they are close (`state.ragged_batched`), one call attends
+    over the furthest row's keys with the keys a row has not written masked; when they are far
+    apart (prompts of very different lengths), each row attends to its own keys alone, which
+    costs what the rows need rather than every row the longest row's keys."""
     if same_position(t0):
         t = t0[0]
         k = q.shape[2]
