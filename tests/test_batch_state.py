@@ -20,7 +20,8 @@ def models(make_model):
 
 
 PROMPTS = (3, 17, 40, 9)  # rows at different positions, near each other (one attention call)
-FAR = (3, 17, 1400, 9)  # and far apart (each row attends alone: state.ragged_batched)
+FAR = (3, 17, 1400, 9)  # and far apart (each row attends alone: state.attention_groups)
+MIXED = (3, 17, 1400, 1410, 9, 12)  # two by two: three groups of nearby rows
 ROUNDS = ((1, (1, 1, 1, 1)), (5, (2, 5, 1, 3)), (13, (13, 1, 7, 4)), (1, (1, 1, 1, 1)),
           (4, (4, 2, 3, 1)), (2, (1, 2, 2, 1)))  # (block length k, commit j per row)
 
@@ -37,8 +38,8 @@ def _single_row_run(model, b: int, reserve: int, prompts=PROMPTS):
     for k, js in ROUNDS:
         lg, _, blk = model.extend(st, seq[:, pos: pos + k])
         logits.append(lg)
-        st = blk.commit(js[b])
-        pos += js[b]
+        st = blk.commit(js[b % len(js)])
+        pos += js[b % len(js)]
     return logits, st
 
 
@@ -54,13 +55,14 @@ def _batch_run(model, reserve: int, poisoned: bool = False, prompts=PROMPTS):
         ids = torch.cat([s[:, p: p + k] for s, p in zip(seqs, pos)])
         lg, _, blk = model.extend(st, ids)
         logits.append(lg)
-        st = blk.commit(list(js))
+        js = [js[b % len(js)] for b in range(len(prompts))]
+        st = blk.commit(js)
         pos = [p + j for p, j in zip(pos, js)]
     assert st.lengths == tuple(pos)
     return logits, st, hits
 
 
-@pytest.mark.parametrize("prompts", [PROMPTS, FAR], ids=["near", "far"])
+@pytest.mark.parametrize("prompts", [PROMPTS, FAR, MIXED], ids=["near", "far", "mixed"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 @torch.no_grad()
 def test_ragged_rows_equal_single_rows(models, name, prompts):
@@ -77,7 +79,7 @@ def test_ragged_rows_equal_single_rows(models, name, prompts):
             close(mine[nm], t, what=f"row {b} state {nm}", scaled=True)
 
 
-@pytest.mark.parametrize("prompts", [PROMPTS, FAR], ids=["near", "far"])
+@pytest.mark.parametrize("prompts", [PROMPTS, FAR, MIXED], ids=["near", "far", "mixed"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 @torch.no_grad()
 def test_ragged_rows_never_read_scratch(models, name, prompts):
@@ -225,13 +227,13 @@ def test_ragged_attention_past_long_prefix(k, spread):
     flash pass over the keys every row has, then a masked pass over the rest), far apart or one
     below the threshold (each row alone): each row equals its own attention."""
     from evspark_cli.model import attention
-    from evspark_cli.model.state import KVCache, ragged_batched
+    from evspark_cli.model.state import KVCache, attention_groups
 
     g = torch.Generator().manual_seed(k)
     split = attention.SPLIT_MIN_PREFIX
     t0 = {"near": (split + 5, split + 40, split + 20), "far": (split + 5, split + 40, split + 2000),
           "low": (split + 5, split + 40, 300)}[spread]
-    assert ragged_batched(t0) == (spread == "near")
+    assert attention_groups(t0) == ([(0, 3)] if spread == "near" else [(0, 2), (2, 3)])
     cap = max(t0) + k
     keys = torch.randn(3, 2, cap, 16, generator=g)
     vals = torch.randn(3, 2, cap, 16, generator=g)
@@ -245,3 +247,17 @@ def test_ragged_attention_past_long_prefix(k, spread):
         want = torch.nn.functional.scaled_dot_product_attention(
             q[b: b + 1], keys[b: b + 1, :, : t + k], vals[b: b + 1, :, : t + k], attn_mask=allowed)
         close(got[b: b + 1], want, tol=1e-5, what=f"row {b}")
+
+
+def test_attention_groups():
+    """Consecutive rows at nearby positions share a call; a row far from its neighbours, or a
+    run whose wasted keys would cost more than the calls it saves, starts a new group."""
+    from evspark_cli.model.state import ROW_CALL_KEYS, attention_groups
+
+    assert attention_groups((5, 5, 5)) == [(0, 3)]
+    assert attention_groups((100, 140, 90)) == [(0, 3)]
+    assert attention_groups(MIXED) == [(0, 2), (2, 4), (4, 6)]
+    assert attention_groups((0, ROW_CALL_KEYS + 1)) == [(0, 1), (1, 2)]
+    assert attention_groups((0, ROW_CALL_KEYS)) == [(0, 2)]
+    groups = attention_groups(tuple(range(0, 64 * 700, 700)))
+    assert groups == [(b, b + 1) for b in range(64)]

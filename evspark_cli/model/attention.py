@@ -14,8 +14,8 @@ from .state import (
     KVPending,
     KVState,
     Lengths,
+    attention_groups,
     positions_index,
-    ragged_batched,
     same_position,
 )
 
@@ -130,19 +130,25 @@ def attend_block(q: Tensor, cache: KVCache, t0: Lengths) -> Tensor:
     """Queries of row b at positions t0[b]..t0[b]+k-1 over that row's keys 0..t0[b]+k-1 (causal
     inside the block).
 
-    Rows at different positions: when they are close (`state.ragged_batched`), one call attends
-    over the furthest row's keys with the keys a row has not written masked; when they are far
-    apart (prompts of very different lengths), each row attends to its own keys alone, which
-    costs what the rows need rather than every row the longest row's keys."""
+    Rows at different positions attend in groups of consecutive rows
+    (`state.attention_groups`): a group at one position attends as a single row does; a group
+    at nearby positions in one call over its furthest row's keys, with the keys a row has not
+    written masked; a row far from its neighbours alone. A batch of prompts of very different
+    lengths then costs what its rows need, not every row the longest row's keys."""
+    k = q.shape[2]
     if same_position(t0):
         t = t0[0]
-        k = q.shape[2]
         return attend(q, cache.k[:, :, : t + k], cache.v[:, :, : t + k], t)
-    if ragged_batched(t0):
-        return _attend_ragged(q, cache, t0)
-    k = q.shape[2]
-    return torch.cat([attend(q[b: b + 1], cache.k[b: b + 1, :, : t + k],
-                             cache.v[b: b + 1, :, : t + k], t) for b, t in enumerate(t0)])
+    outs = []
+    for start, end in attention_groups(t0):
+        ts, rows = t0[start:end], slice(start, end)
+        hi = max(ts) + k
+        keys, vals = cache.k[rows, :, :hi], cache.v[rows, :, :hi]
+        if same_position(ts):
+            outs.append(attend(q[rows], keys, vals, ts[0]))
+        else:
+            outs.append(_attend_ragged(q[rows], keys, vals, ts))
+    return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
 def attend(q: Tensor, keys: Tensor, vals: Tensor, t: int) -> Tensor:
@@ -178,15 +184,15 @@ def ragged_mask(t0: Lengths, k: int, first_key: int, n_keys: int, dtype: torch.d
     return mask.masked_fill_(~allowed, -math.inf)[:, None]
 
 
-def _attend_ragged(q: Tensor, cache: KVCache, t0: Lengths) -> Tensor:
-    """One attention call for rows at nearby positions (a batch after speculative rounds).
+def _attend_ragged(q: Tensor, keys: Tensor, vals: Tensor, t0: Lengths) -> Tensor:
+    """One attention call for rows at nearby positions (after speculative rounds), over keys
+    0..max(t0)+k-1.
 
     Keys before the earliest row's block (every row has written them) need no mask; with a long
     such prefix on CPU they go through the mask-free flash kernel and only the few keys after it
     are masked per row, the two passes merged by their log-sum-exps (as `_attend_split`)."""
     k = q.shape[2]
     lo, hi = min(t0), max(t0) + k
-    keys, vals = cache.k[:, :, :hi], cache.v[:, :, :hi]
     if lo >= SPLIT_MIN_PREFIX and _flash_lse is not None and q.device.type == "cpu":
         tail = ragged_mask(t0, k, lo, hi - lo, q.dtype, q.device)
         o1, l1 = _flash_lse(q, keys[:, :, :lo], vals[:, :, :lo])[:2]

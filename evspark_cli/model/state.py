@@ -285,20 +285,23 @@ class KVCache:
             b, pos = positions_index(t0, n, k.device)
             self.k[b, :, pos] = k.transpose(1, 2)
             self.v[b, :, pos] = v.transpose(1, 2)
-            if ragged_batched(t0):
-                self._clear_past_blocks(t0, n)
+            for start, end in attention_groups(t0):
+                if not same_position(t0[start:end]):
+                    self._clear_past_blocks(start, t0[start:end], n)
         return self.note_write(t0)
 
-    def _clear_past_blocks(self, t0: Lengths, n: int) -> None:
-        """Zero each row's positions from the end of its block up to the end of the furthest
-        row's: one attention call over nearby rows reads them with weight exactly 0, and
-        0 * (finite) is 0 where leftover NaN or inf (a failed row's) would not be. They are
-        scratch of this write (no state of this or a later version may hold them)."""
+    def _clear_past_blocks(self, start: int, t0: Lengths, n: int) -> None:
+        """Zero, in rows start.. (a group of rows that attend in one call), each row's
+        positions from the end of its block to the end of the group's furthest row's: that call
+        reads them with weight exactly 0, and 0 * (finite) is 0 where leftover NaN or inf (a
+        failed row's) would not be. They are scratch of this write (no state of this or a later
+        version may hold them)."""
         lo, hi = min(t0) + n, max(t0) + n
+        rows = slice(start, start + len(t0))
         past = torch.arange(lo, hi, device=self.k.device)[None, :] >= (
-            _index(t0, self.k.device)[:, None] + n)  # (B, hi - lo)
-        self.k[:, :, lo:hi].masked_fill_(past[:, None, :, None], 0)
-        self.v[:, :, lo:hi].masked_fill_(past[:, None, :, None], 0)
+            _index(t0, self.k.device)[:, None] + n)  # (rows, hi - lo)
+        self.k[rows, :, lo:hi].masked_fill_(past[:, None, :, None], 0)
+        self.v[rows, :, lo:hi].masked_fill_(past[:, None, :, None], 0)
 
     def note_write(self, t0: Lengths) -> int:
         """Record that each row b was (re)written from t0[b] up; returns the new version."""
@@ -366,14 +369,25 @@ class KVCache:
 ROW_CALL_KEYS = 512  # what one more attention call costs, in keys attended (CPU, measured)
 
 
-def ragged_batched(t0: Lengths) -> bool:
-    """Rows at different positions attended in one masked call (every row over the furthest
-    row's keys) rather than one call each: when the keys the shared call wastes on the rows
-    behind cost less than the calls it saves (a call costs about ROW_CALL_KEYS keys)."""
-    if same_position(t0):
-        return False
-    hi = max(t0)
-    return sum(hi - t for t in t0) <= ROW_CALL_KEYS * (len(t0) - 1)
+def attention_groups(t0: Lengths) -> list[tuple[int, int]]:
+    """Runs of consecutive rows [start, end) that attend in one call (attention.py).
+
+    A run shares one call over its furthest row's keys, with the keys a row has not written
+    masked, as long as the keys it wastes on the rows behind cost less than the calls it saves
+    (a call costs about ROW_CALL_KEYS keys). A record's samples sit in consecutive rows at
+    nearby positions, so a batch of a few records' samples attends in a few calls, where one
+    call over every row would pay the longest prompt's keys for all of them."""
+    groups, start, hi, total = [], 0, t0[0], t0[0]
+    for b in range(1, len(t0) + 1):
+        if b < len(t0):
+            n, new_hi = b - start + 1, max(hi, t0[b])
+            if n * new_hi - (total + t0[b]) <= ROW_CALL_KEYS * (n - 1):
+                hi, total = new_hi, total + t0[b]
+                continue
+        groups.append((start, b))
+        if b < len(t0):
+            start, hi, total = b, t0[b], t0[b]
+    return groups
 
 
 def positions_index(t0: Lengths, k: int, device: torch.device) -> tuple[Tensor, Tensor]:
