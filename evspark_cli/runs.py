@@ -40,8 +40,8 @@ from .model.model import StripedHyena
 from .model.tokenizer import detokenize
 from .resume import job_id
 
-CPU_BATCH = 16  # the batch size with the most tokens/s on a CPU for the bundled target
-CUDA_BATCH = 32  # a GPU's decode step is memory-bound: more rows cost little (not measured here)
+CPU_BATCH = 32  # the most tokens/s for the bundled target on a 2-core CPU (docs/performance.md)
+CUDA_BATCH = 64  # a GPU's decode step reads the weights once for all rows (not measured yet)
 
 
 def default_batch_size(device: torch.device) -> int:

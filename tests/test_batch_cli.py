@@ -112,7 +112,7 @@ def test_a_batch_that_does_not_fit_is_refused_naming_the_largest(tmp_path, model
     assert r.code == 2 and len(err) == 1, r.err
     m = re.search(r"the largest batch that fits is (\d+) \(--batch-size \1\)", err[0])
     assert m and 0 < int(m.group(1)) < 32, err[0]
-    # without --batch-size the device's default (16 on a CPU) shrinks to what fits instead
+    # without --batch-size the device's default (32 on a CPU) shrinks to what fits instead
     import evspark_cli as evs
     from evspark_cli.api import DecodeOptions
     from evspark_cli.runs import make_jobs, plan_batch

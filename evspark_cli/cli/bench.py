@@ -60,7 +60,7 @@ def bench(
                                         "generation (0 = skip)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Throughput: "
                                              "the headline batch size (default: the device's, "
-                                             "16 on a CPU)."),
+                                             "32 on a CPU)."),
     batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="Throughput: the "
                                               "batch sizes to measure, e.g. 1,4,8,16,32."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Throughput: samples per "

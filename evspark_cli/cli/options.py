@@ -56,7 +56,7 @@ QuietOpt = option(False, "--quiet", "-q", help="No progress (neither the bar on 
                   panel=OUTPUT_PANEL)
 BatchSizeOpt = option(None, "--batch-size", "-b", help="Sequences decoded together (records x "
                       "samples share the batch; finished ones are replaced as they end). Default: "
-                      "16 on a CPU, 32 on CUDA, fewer when memory is short. Output does not depend "
+                      "32 on a CPU, 64 on CUDA, fewer when memory is short. Output does not depend "
                       "on it.", panel=PERFORMANCE_PANEL)
 MaxMemoryOpt = option(None, "--max-memory", help="Refuse, before any work, a model or run "
                       "whose estimated memory exceeds this size (e.g. 8G, 512M). Default: the "
