@@ -68,21 +68,3 @@ IupacOpt = option("keep", "--iupac", help="What ambiguity codes (N, R, Y...) in 
 ThreadsOpt = option(0, "--threads", "-t", help="CPU threads for torch. 0: the CPUs this process "
                     "may use (the smallest of its CPU affinity, cgroup quota, "
                     "SLURM_CPUS_PER_TASK, NSLOTS and OMP_NUM_THREADS).", panel=PERFORMANCE_PANEL)
-
-
-def progress_bar(quiet: bool, label: str, unit: str = "") -> Any:
-    """A rich progress bar on stderr when it is a terminal (and not --quiet), else silent."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    console = Console(stderr=True)
-    enabled = not quiet and console.is_terminal
-    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    TextColumn("{task.fields[note]}"), console=console, disable=not enabled,
-                    transient=False)

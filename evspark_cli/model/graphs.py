@@ -215,6 +215,9 @@ def compile_static_form(k: int) -> Callable:
     torch.compile keeps its compiled variants on the function's code object; each block length
     gets a code object of its own (same code, named by k), so lengths neither count against
     one recompile limit nor turn each other's shapes dynamic."""
+    from .layers import threads_constant_for_compile
+
+    threads_constant_for_compile()
     code = _CODES.setdefault(k, static_form.__code__.replace(co_name=f"extend_block_{k}"))
     return torch.compile(FunctionType(code, static_form.__globals__, code.co_name))
 

@@ -146,10 +146,21 @@ def _column_slices(weight: Tensor, rows: int, device: torch.device) -> int:
     return n
 
 
-@torch.compiler.assume_constant_result
 def _threads() -> int:
-    # a constant to torch.compile (a traced call would break the graph; see compile_probe.py)
     return torch.get_num_threads()
+
+
+def threads_constant_for_compile() -> None:
+    """Make the thread count a constant to torch.compile (a traced call would break the graph;
+    see compile_probe.py). Done when a model first compiles, not at import: the decorator
+    imports torch._dynamo, a second of every command's start."""
+    global _threads, _compile_ready
+    if not _compile_ready:
+        _threads = torch.compiler.assume_constant_result(_threads)
+        _compile_ready = True
+
+
+_compile_ready = False
 
 
 def is_input_major(weight: Tensor) -> bool:
