@@ -15,7 +15,7 @@ from ..decode.batch import BatchDecoder, DecodeResult, Job
 from ..decode.drafters.base import Drafter, RngKey
 from ..decode.native import decode_native
 from ..decode.sampling import SamplerConfig
-from ..errors import InputError, SettingError
+from ..errors import InputError, SettingError, printable
 from ..io.fasta import Prompt
 from ..model.model import StripedHyena
 from .compare import compare_greedy, default_tie_tolerance, side_by_side
@@ -61,14 +61,15 @@ class VerifyResult:
 
     def table(self) -> list[str]:
         """The printed report: one line per prompt, then a summary line."""
-        w = max([24] + [len(r["record_id"]) for r in self.rows])  # whole ids: they name records
+        ids = [printable(r["record_id"]) for r in self.rows]  # escaped: printed to a terminal
+        w = max([24] + [len(i) for i in ids])  # whole ids: they name records
         lines = [f"{'record':<{w}} {'compared':>8} {'first_divergence':>16} {'tie':>5} "
                  f"{'tau':>6} {'speedup':>7}"]
-        for r in self.rows:
+        for rid, r in zip(ids, self.rows):
             div = "-" if r["divergence"] is None else str(r["divergence"])
             tie = "-" if r["divergence"] is None else ("yes" if r["tie"] else "NO")
             speedup = "-" if r["speedup"] is None else f"{r['speedup']:.2f}"
-            lines.append(f"{r['record_id']:<{w}} {r['compared']:>8} {div:>16} {tie:>5} "
+            lines.append(f"{rid:<{w}} {r['compared']:>8} {div:>16} {tie:>5} "
                          f"{r['tau']:>6.2f} {speedup:>7}")
         identical = sum(1 for r in self.rows if r["divergence"] is None)
         batch = ""
