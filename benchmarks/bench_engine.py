@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from evspark_cli.eval.provenance import provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -445,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = args.out or ROOT / "benchmarks" / "results" / ("engine_quick.json" if q else "engine.json")
     out.parent.mkdir(parents=True, exist_ok=True)
+    res["provenance"] = provenance(" ".join(["python", "benchmarks/bench_engine.py", *(argv or sys.argv[1:])]))
     out.write_text(json.dumps(res, indent=2) + "\n")
     png = plot_extend(res, out.with_suffix(".png"))
     if png is not None:

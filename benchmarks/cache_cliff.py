@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from evspark_cli.eval.provenance import provenance
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +89,9 @@ def main() -> int:
                      "engine_gb_per_s": round(gemv_throughput(n, engine=True), 1)})
     res = {"benchmark": "cache_cliff", "model": args.model, "step_weight_mb": round(step_mb, 2),
            "threads": args.threads, "machine": platform.processor() or platform.machine(),
-           "rows": rows, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+           "rows": rows, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "provenance": provenance(" ".join(["python", "benchmarks/cache_cliff.py",
+                                              *sys.argv[1:]]))}
     args.out.write_text(json.dumps(res, indent=1) + "\n")
     print("| weights cycled (MB) | F.linear, (out, in) GB/s | engine linear, input-major GB/s |")
     print("|---|---|---|")

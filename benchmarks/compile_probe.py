@@ -16,6 +16,7 @@ process.
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import platform
 import statistics
@@ -23,6 +24,8 @@ import time
 import warnings
 
 import torch
+
+from evspark_cli.eval.provenance import provenance
 
 from evspark_cli.model.checkpoint import load_model
 from evspark_cli.model import graphs as graphs_mod
@@ -141,6 +144,8 @@ def main() -> None:
     res["compile_disabled_reason"] = models["compile"].graphs.disabled_reason
     print(json.dumps(res, indent=1))
     if a.out:
+        res["provenance"] = provenance(" ".join(["python", "benchmarks/compile_probe.py",
+                                                 *sys.argv[1:]]))
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
+import sys
 import time
 
 import torch
@@ -111,11 +111,10 @@ def main() -> None:
                                              row["native"]["tokens_per_s"], 3)
         result["batches"][str(b)] = row
         print(json.dumps({b: row}), flush=True)
-    try:
-        result["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                          text=True).stdout.strip()
-    except OSError:
-        pass
+    from evspark_cli.eval.provenance import provenance
+
+    result["provenance"] = provenance(" ".join(["python", "benchmarks/gpu_throughput.py",
+                                                *sys.argv[1:]]))
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
 

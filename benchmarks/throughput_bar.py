@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -213,12 +212,10 @@ def main() -> None:
         a.single_prompts, a.single_tokens, a.rounds = 2, 16, 2
     parts = set(a.parts.split(","))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    res: dict = {"provenance": {
-        "commit": git("rev-parse", "HEAD"), "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                  time.gmtime()),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "platform": platform.platform()},
-        "command": " ".join(["python", "benchmarks/throughput_bar.py", *sys.argv[1:]])}}
+    from evspark_cli.eval.provenance import provenance
+
+    res: dict = {"provenance": provenance(" ".join(["python", "benchmarks/throughput_bar.py",
+                                                   *sys.argv[1:]]))}
     t0 = time.time()
     if "sweep" in parts:
         res.update(sweep_and_workload(a, log))

@@ -29,6 +29,7 @@ in Python and operator dispatch alone.
 from __future__ import annotations
 
 import argparse
+import sys
 import collections
 import json
 import platform
@@ -38,6 +39,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+
+from evspark_cli.eval.provenance import provenance
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from evspark_cli.model.checkpoint import load_model
@@ -199,6 +202,8 @@ def main() -> None:
               + f" | {gflops:.0f} | {first_penalty:.3f} | {d1 * 1e3:.2f} / {dk * 1e3:.2f} |")
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
+        result["provenance"] = provenance(" ".join(["python", "benchmarks/verify_cost.py",
+                                                    *sys.argv[1:]]))
         a.out.write_text(json.dumps(result, indent=1))
 
 

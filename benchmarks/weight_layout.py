@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from evspark_cli.eval.provenance import provenance
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +141,9 @@ def main() -> int:
         "benchmark": "weight_layout", "model": args.model, "threads": args.threads,
         "torch": torch.__version__, "cycle_mb": args.cycle_mb, "rounds": args.rounds,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": rows_out,
-        "model_ab_ms": ab, "model_ab_context": args.context}, indent=1) + "\n")
+        "model_ab_ms": ab, "model_ab_context": args.context,
+        "provenance": provenance(" ".join(["python", "benchmarks/weight_layout.py",
+                                           *sys.argv[1:]]))}, indent=1) + "\n")
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import resource
 import sys
 import time
@@ -31,6 +30,7 @@ from ..errors import SettingError, at_least
 from ..io.fasta import Prompt, read_prompts
 from ..model.model import StripedHyena
 from .compare import compare_greedy, default_tie_tolerance, side_by_side
+from .provenance import machine_info, provenance
 
 GREEDY = SamplerConfig(1.0, 1, 1.0)
 SAMPLED = SamplerConfig(1.0, 4, 1.0)
@@ -163,20 +163,6 @@ def check_output_dir(out: str | Path) -> None:
     """The results folder may exist, but must not be a file."""
     if Path(out).exists() and not Path(out).is_dir():
         raise SettingError.of("out_dir", f"{out} is a file, not a folder")
-
-
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                       cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": sys.version.split()[0],
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "platform": platform.platform()}
 
 
 def _ids(p: Prompt) -> list[int]:
@@ -474,7 +460,8 @@ def run_bench(model: StripedHyena, cfg: BenchConfig, out_dir: str | Path, comman
     main = next((d for n, d in drafters.items() if n.startswith("dspark")),
                 next(iter(drafters.values())))
     t0 = time.time()
-    res: dict[str, Any] = {"command": command, "config": asdict(cfg), "machine": machine_info(),
+    res: dict[str, Any] = {"provenance": provenance(command), "command": command,
+                           "config": asdict(cfg), "machine": machine_info(),
                            "model": model.config.model_name, "parameters": model.num_parameters(),
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "drafters": list(drafters)}
