@@ -38,17 +38,29 @@ def git(*args: str, cwd: Path = ROOT) -> str:
                           check=True).stdout.strip()
 
 
+_MEASURE = """
+import json, os, subprocess, sys, time
+t0 = time.perf_counter()
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+err = p.stderr.read().decode(errors="replace")
+_, status, usage = os.wait4(p.pid, 0)
+print(json.dumps([time.perf_counter() - t0, usage.ru_maxrss / 1024,
+                  os.waitstatus_to_exitcode(status), err[-500:]]))
+"""
+
+
 def timed_command(cmd: list[str], env: dict | None = None) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS MiB, exit code) of one whole command (its own process)."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    err = p.stderr.read().decode() if p.stderr else ""
-    code = os.waitstatus_to_exitcode(status)
+    """(wall seconds, peak RSS MiB, exit code) of one whole command (its own process).
+
+    The command is started by a small Python process: a child's peak RSS counts the memory of
+    the process it was forked from (Linux keeps the high-water mark across exec), and this
+    process holds a model and its batches."""
+    out = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], env=env, capture_output=True,
+                         text=True, check=True)
+    wall, rss, code, err = json.loads(out.stdout.strip().splitlines()[-1])
     if code != 0:
-        raise RuntimeError(f"{' '.join(cmd)} -> {code}: {err[-500:]}")
-    return wall, usage.ru_maxrss / 1024, code
+        raise RuntimeError(f"{' '.join(cmd)} -> {code}: {err}")
+    return wall, rss, code
 
 
 def sweep_and_workload(args, log) -> dict:

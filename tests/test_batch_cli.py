@@ -125,6 +125,37 @@ def test_a_batch_that_does_not_fit_is_refused_naming_the_largest(tmp_path, model
     assert plan_batch(m_, jobs, opts, None, None) == 8  # no more rows than jobs
 
 
+def test_a_default_batch_that_does_not_fit_is_lowered_with_a_warning(tmp_path, model, src,
+                                                                      monkeypatch):
+    import evspark_cli as evs
+    from evspark_cli.model.memory import run_memory
+
+    m = evs.load_model(model)
+    loaded = sum(p.numel() * p.element_size() for p in m.parameters())
+    context = 130 + 4 + 13 + 16  # about the longest prompt + -n + a verification block
+    est = run_memory(m.config, torch_float32(), torch_float32(), context, 13, 3,
+                     with_parameters=False)
+    monkeypatch.setenv("EVSPARK_MAX_MEMORY", str(loaded + est.total(3)))
+    out = tmp_path / "o.fa"
+    r = run_cli(gen(model, src, "-n", 4, "--samples", 8, "-o", out))
+    assert r.code == 0, r.err
+    warning = [ln for ln in r.err.splitlines() if "batch size lowered" in ln]
+    import re
+
+    m_ = re.fullmatch(r"evspark: warning: batch size lowered to (\d+) \(from 32\) to fit in "
+                      r"memory", warning[0]) if len(warning) == 1 else None
+    assert m_ and 1 <= int(m_.group(1)) < 8, r.err  # about 3 rows' state fit
+    ref = tmp_path / "ref.fa"
+    ok(gen(model, src, "-n", 4, "--samples", 8, "--batch-size", 1, "-o", ref))
+    assert out.read_bytes() == ref.read_bytes()
+
+
+def torch_float32():
+    import torch
+
+    return torch.float32
+
+
 def test_bad_batch_sizes_are_usage_errors(model, src):
     for bad in ("0", "-3"):
         r = run_cli(gen(model, src, "-n", 4, "--batch-size", bad))

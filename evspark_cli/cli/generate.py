@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, List, Optional
 
 from .app import command, debug_traceback, fail, first_line
-from .common import read_input, use_threads
+from .common import read_input, use_threads, warn
 from .generate_options import (
     CompareNativeOpt,
     DrafterOpt,
@@ -171,13 +171,16 @@ class _Writer:
         and when none failed give the files their names with their records in `order` (every
         output id of the run, in input order). The jobs decoded."""
         from ..api import record_key
-        from ..runs import make_jobs, plan_batch
+        from ..runs import default_batch_size, make_jobs, plan_batch
 
         run, prompts, opts = self.run, list(self.prompts.values()), self.run.options
         jobs = make_jobs(list(zip(self.prompts, (p.seq for p in prompts))), opts, run.model,
                          skip=self.fasta.done_ids,
                          key=lambda i, _base: record_key(prompts[i].random_key))
         run.batch_size = plan_batch(run.model, jobs, opts, run.drafter, batch_size, max_memory)
+        wanted = min(default_batch_size(run.model.device), len(jobs))
+        if batch_size is None and run.batch_size < wanted:
+            warn(f"batch size lowered to {run.batch_size} (from {wanted}) to fit in memory")
         self.meter = GenerationMeter(self.progress, run.passes(jobs), len(jobs),
                                      prefill_work(run.model.config))
         run.observer = self.meter
