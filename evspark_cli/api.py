@@ -7,6 +7,7 @@ and a drafter. The command line builds the same objects and only maps their erro
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,9 +153,30 @@ def resolve_drafter(model: StripedHyena, spec: Any, force: bool = False,
     if not path.is_dir():
         raise InputError(f"--drafter {s!r}: not a drafter name (auto, dspark, kmer, identity, "
                          "none) nor a drafter folder")
+    return _loaded_drafter(model, path, force, max_memory)
+
+
+_DRAFTERS: "weakref.WeakKeyDictionary[StripedHyena, dict[tuple, Drafter]]" = \
+    weakref.WeakKeyDictionary()
+"""Drafters loaded for each live model, by folder and file stamps: a loop of `generate` calls
+loads (and checks against its target's weights hash) a drafter folder once, not once a call."""
+
+
+def _loaded_drafter(model: StripedHyena, folder: Path, force: bool,
+                    max_memory: str | int | None) -> Drafter:
+    """The drafter of `folder` for `model`, loaded once while its files stay unchanged (a
+    drafter holds weights only; each run's rows live in `Drafter.rows`)."""
     from .decode.drafters.dspark import load_drafter
 
-    return load_drafter(path, model, force=force, max_memory=max_memory)
+    folder = folder.resolve()
+    stamps = tuple((f.stat().st_mtime_ns, f.stat().st_size) if f.is_file() else None
+                   for f in (folder / "config.json", folder / "model.safetensors"))
+    key = (str(folder), force, stamps)
+    loaded = _DRAFTERS.setdefault(model, {})
+    if key not in loaded:
+        loaded.clear()  # one folder at a time per model: a replaced drafter is not kept alive
+        loaded[key] = load_drafter(folder, model, force=force, max_memory=max_memory)
+    return loaded[key]
 
 
 def drafter_name(drafter: Drafter | None) -> str:

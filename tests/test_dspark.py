@@ -334,6 +334,40 @@ def test_save_load_round_trip_gives_identical_q(tmp_path, target, genome):
             assert torch.equal(pa.drafts, pb.drafts) and torch.equal(pa.q, pb.q)
 
 
+def test_a_drafter_folder_is_loaded_once_per_model_until_its_files_change(tmp_path, target_dir,
+                                                                          monkeypatch):
+    """A loop of `evs.generate` calls does not reload (and re-hash the target for) its drafter;
+    a rewritten folder, another model or another folder is loaded anew."""
+    import os
+
+    import evspark_cli.decode.drafters.dspark as dspark_module
+    from evspark_cli.api import resolve_drafter
+
+    folder = save_drafter(random_net(6, target_hash=weights_hash(target_dir)), tmp_path / "d")
+    loads = []
+    real = dspark_module.load_drafter
+    monkeypatch.setattr(dspark_module, "load_drafter",
+                        lambda *a, **k: loads.append(a[0]) or real(*a, **k))
+    model = load_model(target_dir)
+    first = resolve_drafter(model, str(folder))
+    assert resolve_drafter(model, folder) is first and len(loads) == 1
+    assert resolve_drafter(load_model(target_dir), folder) is not first and len(loads) == 2
+    weights = folder / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    again = resolve_drafter(model, folder)
+    assert again is not first and len(loads) == 3
+    out = evspark_generate(model, folder)
+    assert len(loads) == 3 and out == evspark_generate(model, folder)
+    with pytest.raises(ModelError, match="another target"):  # checks still run on a first load
+        resolve_drafter(load_model(random_tiny_dir(tmp_path / "o", seed=7)), folder)
+
+
+def evspark_generate(model, drafter) -> list[int]:
+    import evspark_cli as evs
+
+    return evs.generate(model, "ACGTTGCA", max_new_tokens=6, drafter=drafter, gamma=3).tokens
+
+
 # ------------------------------------------------------------- (4) wrong target, corrupt folders
 
 
