@@ -1,7 +1,8 @@
 """Where a measurement comes from: the commit, date, machine and command, for every result file.
 
 A figure belongs to the code that produced it, so each result records the commit of the
-checkout it ran from (`+changes` when tracked files differed from it), the UTC date, the
+checkout it ran from (`+changes` when tracked files other than results differed from it: a
+run that rewrites one result file does not taint the next), the UTC date, the
 machine and the exact command (benchmarks/results/README.md).
 """
 from __future__ import annotations
@@ -41,7 +42,8 @@ def commit() -> str:
 
     try:
         head = git("rev-parse", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                      ":(exclude)benchmarks/results")
     except (OSError, subprocess.SubprocessError):
         head, changed = "", ""
     if not head:
