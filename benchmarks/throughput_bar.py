@@ -4,8 +4,10 @@
     python benchmarks/throughput_bar.py --quick --out /tmp/t.json      # a smoke run, minutes
 
 Four measurements, each side by side in one run on this machine:
-1. batch-size sweep (a slice of the workload): tokens/s of batched native and speculative
-   decoding at each batch size; the best speculative batch is the CPU default's evidence;
+1. batch-size sweep (part of the workload): tokens/s of batched native and speculative
+   decoding at each batch size; the best speculative batch is the CPU default's evidence. Each
+   slice of the sweep holds 192 jobs by default (24 prompts x 8 samples), a multiple of every
+   batch size swept, so that every batch runs full and none is capped by a short slice;
 2. the workload (48 shared prompts x 8 samples x 512 new tokens, sampled T=1 top-k 4) at one
    batch size: batched speculative vs single-stream native and vs batched native, the modes
    interleaved slice by slice (eval/throughput.py);
@@ -77,9 +79,13 @@ def sweep_and_workload(args, log) -> dict:
     prompts = read_prompts([str(args.prompts)])
     out: dict = {}
     sizes = [int(x) for x in args.sweep.split(",")]
+    per_slice = -(-min(args.sweep_records, len(prompts)) // args.sweep_slices) * args.samples
+    if per_slice < max(sizes):
+        raise SystemExit(f"a sweep slice holds {per_slice} jobs, fewer than batch {max(sizes)}: "
+                         "raise --sweep-records or lower --sweep-slices")
     scfg = ThroughputConfig(records=args.sweep_records, samples=args.samples,
                             new_tokens=args.sweep_tokens, batch_sizes=sizes, gamma=12,
-                            slices=args.sweep_records // 4 or 1)
+                            slices=args.sweep_slices)
     out["sweep"] = measure_throughput(model, prompts, drafter, scfg, log)
     spec = {r["batch_size"]: r["tokens_per_s"] for r in out["sweep"]["modes"].values()
             if r["decoder"] == "speculative"}
@@ -206,7 +212,8 @@ def main() -> None:
     ap.add_argument("--slices", type=int, default=6)
     ap.add_argument("--batch", type=int, default=0, help="workload batch (0: the sweep's best)")
     ap.add_argument("--sweep", default="1,2,4,8,12,16,24,32,48")
-    ap.add_argument("--sweep-records", type=int, default=12)
+    ap.add_argument("--sweep-records", type=int, default=24)
+    ap.add_argument("--sweep-slices", type=int, default=1)
     ap.add_argument("--sweep-tokens", type=int, default=256)
     ap.add_argument("--long-context", type=int, default=65536)
     ap.add_argument("--long-tokens", type=int, default=512)
@@ -219,7 +226,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.records, a.samples, a.tokens, a.slices = 4, 2, 32, 2
-        a.sweep, a.sweep_records, a.sweep_tokens = "1,4", 4, 24
+        a.sweep, a.sweep_records, a.sweep_tokens, a.sweep_slices = "1,4", 4, 24, 1
         a.long_context, a.long_tokens, a.memory_rows = 2048, 16, 4
         a.single_prompts, a.single_tokens, a.rounds = 2, 16, 2
     parts = set(a.parts.split(","))
