@@ -240,10 +240,10 @@ def bench_kv_contexts(model: StripedHyena, args) -> list[dict]:
             if isinstance(st, KVState):
                 for t in (st.cache.k, st.cache.v):
                     t[:, :, :L] = torch.randn(t[:, :, :L].shape, generator=g).to(t.dtype)
-                layers.append(KVState(st.cache, L, st.cache.version))
+                layers.append(KVState(st.cache, (L,), st.cache.version))
             else:
                 layers.append(st)
-        state = InferenceState(tuple(layers), L)
+        state = InferenceState(tuple(layers), (L,))
         reps = max(5, args.reps // 5)
         t = {k: median_time(lambda: model.extend(state, drafts[:, :k])[2].commit(k), reps, 2)
              for k in KV_EXTEND_KS}

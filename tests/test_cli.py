@@ -541,6 +541,8 @@ def test_verify_reports_identical_greedy_runs(tmp_path, model, recs):
     assert [row["record_id"] for row in rows] == ["r1", "r2"]
     assert all(row["divergence"] is None and row["compared"] == 24 for row in rows)
     assert json.loads(report.read_text())["tie_tolerance"] == 1e-3  # fp32 model: the fp32 default
+    prov = json.loads(report.read_text())["provenance"]
+    assert "verify" in prov["command"] and prov["date"].endswith("UTC") and prov["machine"]["cpu"]
 
 
 def test_verify_tie_tolerance_follows_the_dtype_unless_given(tmp_path, model, recs):

@@ -85,6 +85,7 @@ def verify(
 
     from ..api import DecodeOptions, model_and_drafter
     from ..bundled import example_prompts
+    from ..eval.provenance import provenance
     from ..eval.verify import VerifyOptions, verify_prompts
     from ..io.writers import check_distinct_outputs, check_output_path, write_text_atomic
     from ..limits import context_cap
@@ -107,7 +108,8 @@ def verify(
         result = verify_prompts(model, prompts, d, options, _counter(prog), options.batch_size)
     print("\n".join(result.table()))
     if report:
-        write_text_atomic(report, json.dumps(result.report(), indent=1))
+        write_text_atomic(report, json.dumps({"provenance": provenance(), **result.report()},
+                                             indent=1))
     compared = sum(r["compared"] for r in result.rows)
     prog.summary(f"evspark: verify: {len(result.rows)} prompts, {compared:,} tokens compared, "
                  f"{result.ties} ties, {len(result.non_tie_divergences)} non-tie divergences, "

@@ -1,0 +1,29 @@
+"""The benchmark scripts still run against today's engine: each one's smoke mode, in a child
+process, writes a result file with its provenance. (Their figures are measured by hand, never in
+the test suite: docs/performance.md.)"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMOKE = {
+    "bench_engine": ["--quick", "--kv-contexts", "256", "--prefill-sizes", "64", "--threads", "1"],
+    "throughput_bar": ["--quick", "--parts", "sweep"],
+}
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_a_benchmark_script_runs_in_its_smoke_mode(script, tmp_path):
+    out = tmp_path / f"{script}.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"),
+                          *SMOKE[script], "--out", str(out)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert script in result["provenance"]["command"]
