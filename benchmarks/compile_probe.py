@@ -33,7 +33,7 @@ from evspark_cli.model.graphs import static_state
 
 
 def graph_breaks(model, state) -> tuple[int, int]:
-    ids, pos, st = torch.full((1, 1), 67), torch.tensor(state.seqlen), static_state(state)
+    ids, pos, st = torch.full((1, 1), 67), torch.tensor(state.lengths), static_state(state)
     ex = torch._dynamo.explain(lambda: model._run(ids, st, True, position=pos)[0])()
     torch._dynamo.reset()
     return ex.graph_count, ex.graph_break_count

@@ -15,6 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = {
     "bench_engine": ["--quick", "--kv-contexts", "256", "--prefill-sizes", "64", "--threads", "1"],
     "throughput_bar": ["--quick", "--parts", "sweep"],
+    "compile_probe": ["--context", "64", "--reps", "2", "--rounds", "1", "--decode-tokens", "0",
+                      "--threads", "1"],
+    "gpu_check": ["--small", "--device", "cpu", "--prompt", "64", "--tokens", "8"],
+    "gpu_throughput": ["--small", "--device", "cpu", "--batches", "1,2", "--tokens", "8",
+                       "--prompt-len", "64"],
 }
 
 
