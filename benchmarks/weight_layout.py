@@ -16,7 +16,8 @@ decode step. Three ways, interleaved over --rounds rounds (medians reported):
 Then the whole model, both ways in one process: the model folder loaded as `load_model` gives it
 (input-major, split products) and a copy with contiguous (out, in) weights, each timing a decode
 step (extend k = 1 + commit) and extend(13) from the same live state at --context tokens,
-interleaved over --rounds rounds.
+interleaved over --model-rounds rounds, for each of --batches rows (1: a single stream; 32: the
+CPU default batch, where products have more rows than `linear` splits).
 
     python benchmarks/weight_layout.py                  # writes results/weight_layout.json
     python benchmarks/weight_layout.py --threads 2 --rows 1 13
@@ -64,8 +65,9 @@ def time_way(fn, weights, xs, rounds: int) -> float:
     return statistics.median(per)
 
 
-def model_ab(folder: str, context: int, rounds: int) -> dict:
-    """Median ms of a decode step and of extend(13): output-major model vs load_model's layout."""
+def model_ab(folder: str, context: int, rounds: int, batch: int = 1) -> dict:
+    """Median ms of a decode step and of extend(13) for `batch` rows: output-major model vs
+    load_model's layout."""
     from evspark_cli.model.checkpoint import load_model
 
     models = {"input-major": load_model(folder), "output-major": load_model(folder)}
@@ -73,11 +75,11 @@ def model_ab(folder: str, context: int, rounds: int) -> dict:
         for p in models["output-major"].parameters():
             p.data = p.data.contiguous()
     g = torch.Generator().manual_seed(0)
-    prompt = torch.tensor(list(b"ACGT"))[torch.randint(0, 4, (1, context), generator=g)]
+    prompt = torch.tensor(list(b"ACGT"))[torch.randint(0, 4, (batch, context), generator=g)]
     times: dict[str, list[float]] = {}
     with torch.inference_mode():
         states = {n: m.prefill(prompt, keep_last=1, reserve=4096)[2] for n, m in models.items()}
-        one, block = torch.tensor([[65]]), torch.tensor([[65] * 13])
+        one, block = torch.full((batch, 1), 65), torch.full((batch, 13), 65)
         for _ in range(rounds):
             for name in ("input-major", "output-major", "output-major", "input-major"):
                 m, st = models[name], states[name]
@@ -100,6 +102,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--context", type=int, default=1024, help="prompt tokens before the model A/B")
     ap.add_argument("--model-rounds", type=int, default=7)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32],
+                    help="rows of the whole-model A/B (1: single stream; 32: the CPU default)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "weight_layout.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -128,20 +132,25 @@ def main() -> int:
                 print(f"| {name} {d_out}x{d_in} | {k} | {med['output-major']:.1f} | "
                       f"{med['input-major']:.1f} | {med['split']:.1f} | {gbs:.1f} | "
                       f"{med['output-major'] / med['split']:.2f}x |")
-    ab = model_ab(args.model, args.context, args.model_rounds)
+    abs_ = {b: model_ab(args.model, args.context, args.model_rounds, b) for b in args.batches}
     print(f"\nwhole model at {args.context} tokens of context (median ms, interleaved):\n")
-    print("| layout | decode step | extend(13) | extend(13) / step |\n|---|---|---|---|")
-    for name in ("output-major", "input-major"):
-        st, ex = ab[f"{name} step"], ab[f"{name} extend13"]
-        print(f"| {name} | {st:.3f} | {ex:.3f} | {ex / st:.2f} |")
-    print(f"input-major speedup: step {ab['output-major step'] / ab['input-major step']:.2f}x, "
-          f"extend(13) {ab['output-major extend13'] / ab['input-major extend13']:.2f}x")
+    print("| rows | layout | decode step | extend(13) | extend(13) / step |\n|---|---|---|---|---|")
+    for b, ab in abs_.items():
+        for name in ("output-major", "input-major"):
+            st, ex = ab[f"{name} step"], ab[f"{name} extend13"]
+            print(f"| {b} | {name} | {st:.3f} | {ex:.3f} | {ex / st:.2f} |")
+    for b, ab in abs_.items():
+        print(f"{b} rows: input-major speedup: step "
+              f"{ab['output-major step'] / ab['input-major step']:.2f}x, extend(13) "
+              f"{ab['output-major extend13'] / ab['input-major extend13']:.2f}x")
+    ab = abs_[args.batches[0]]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "weight_layout", "model": args.model, "threads": args.threads,
         "torch": torch.__version__, "cycle_mb": args.cycle_mb, "rounds": args.rounds,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": rows_out,
         "model_ab_ms": ab, "model_ab_context": args.context,
+        "model_ab_ms_by_rows": {str(b): v for b, v in abs_.items()},
         "provenance": provenance(" ".join(["python", "benchmarks/weight_layout.py",
                                            *sys.argv[1:]]))}, indent=1) + "\n")
     return 0

@@ -15,9 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = {
     "bench_engine": ["--quick", "--kv-contexts", "256", "--prefill-sizes", "64", "--threads", "1"],
     "throughput_bar": ["--quick", "--parts", "sweep"],
+    "weight_layout": ["--rows", "1", "--cycle-mb", "1", "--rounds", "1", "--context", "32",
+                      "--model-rounds", "1", "--batches", "1", "2", "--threads", "1"],
     "compile_probe": ["--context", "64", "--reps", "2", "--rounds", "1", "--decode-tokens", "0",
                       "--threads", "1"],
-    "gpu_check": ["--small", "--device", "cpu", "--prompt", "64", "--tokens", "8"],
+    "gpu_check": ["--small", "--device", "cpu", "--prompt", "64", "--tokens", "64"],
     "gpu_throughput": ["--small", "--device", "cpu", "--batches", "1,2", "--tokens", "8",
                        "--prompt-len", "64"],
 }
