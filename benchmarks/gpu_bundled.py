@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -95,8 +96,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     prompts = read_fasta(Path(a.prompts))
+    from evspark_cli.eval.provenance import provenance
+
     res: dict = {"device": a.device, "torch": torch.__version__, "tokens": a.tokens, "gamma": a.gamma,
-                 "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else None}
+                 "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else None,
+                 "provenance": provenance(" ".join(["python", "benchmarks/gpu_bundled.py",
+                                                    *sys.argv[1:]]))}
     for dtype, tie in (("float32", a.tie_tolerance), ("bfloat16", 0.1)):
         t = time.perf_counter()
         res[dtype] = run_dtype(dtype, a.device, prompts, a.tokens, a.gamma, tie)

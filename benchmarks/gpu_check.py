@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -31,6 +32,7 @@ from evspark_cli.decode.speculative import decode_speculative
 from evspark_cli.model.checkpoint import cast_model
 from evspark_cli.model.config import ModelConfig
 from evspark_cli.model.model import StripedHyena
+from evspark_cli.eval.provenance import provenance
 
 
 def evo2_7b_config(small: bool) -> ModelConfig:
@@ -182,6 +184,7 @@ def main() -> None:
         res["graph_vs_eager_same_greedy_tokens"] = (res["graphs"]["greedy_tokens"]
                                                     == res["eager"]["greedy_tokens"])
     res["graphs_disabled_reason"] = model.graphs.disabled_reason if model.graphs else None
+    res["provenance"] = provenance(" ".join(["python", "benchmarks/gpu_check.py", *sys.argv[1:]]))
     print(json.dumps(res, indent=1))
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -20,6 +20,7 @@ SMOKE = {
     "compile_probe": ["--context", "64", "--reps", "2", "--rounds", "1", "--decode-tokens", "0",
                       "--threads", "1"],
     "gpu_check": ["--small", "--device", "cpu", "--prompt", "64", "--tokens", "64"],
+    "gpu_bundled": ["--device", "cpu", "--tokens", "16"],
     "gpu_throughput": ["--small", "--device", "cpu", "--batches", "1,2", "--tokens", "8",
                        "--prompt-len", "64"],
 }

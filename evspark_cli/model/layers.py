@@ -69,8 +69,10 @@ def input_major(module: nn.Module, extra: tuple[Tensor, ...] = ()) -> None:
     input-major: the same values in (in, out) row-major storage, seen through `.t()`.
 
     Why: for the 1-16-row products of decoding and verification, `linear` then splits each
-    product over the cores by column slices of that storage, and even unsplit, MKL streams it
-    from DRAM faster than the (out, in) layout (`benchmarks/weight_layout.py`). Names, values
+    product over the cores by column slices of that storage; on the AMD EPYC it was chosen on,
+    even unsplit, MKL streamed it from DRAM faster than the (out, in) layout. This depends on
+    the CPU: on an Intel Xeon the (out, in) layout was the faster one
+    (`benchmarks/weight_layout.py`, `benchmarks/results/weight_layout.json`). Names, values
     and `state_dict()` are unchanged (checkpoints are written `.contiguous()`). fp32 CPU weights
     only: with bf16 weights this layout made a CPU step ~15 % slower, and CUDA does not need it.
     """
