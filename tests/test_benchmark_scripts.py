@@ -4,11 +4,13 @@ the test suite: docs/performance.md.)"""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tiny import SHARED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +33,7 @@ def test_a_benchmark_script_runs_in_its_smoke_mode(script, tmp_path):
     out = tmp_path / f"{script}.json"
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"),
                           *SMOKE[script], "--out", str(out)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=600, env={**os.environ, "EVSPARK_SHARED": str(SHARED)})
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert script in result["provenance"]["command"]
