@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .errors import InputError
+from .errors import InputError, ModelError
 
 FileKey = tuple
 """(st_dev, st_ino) of an existing file, or (st_dev, st_ino, name) of a name in a folder."""
@@ -111,3 +111,18 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def read_bounded(path: str | os.PathLike[str], limit: int, name: str, what: str) -> bytes:
+    """The bytes of a small file (a config), refused in one line as a ModelError when it cannot
+    be read or is larger than `limit`: a hostile config must not be read into memory whole.
+    `name` is how messages call the file, `what` what it should have been."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise ModelError(f"cannot read {name}: {e.strerror or e}") from None
+    if len(data) > limit:
+        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
+        raise ModelError(f"{name} is larger than {size}: not a {what}")
+    return data

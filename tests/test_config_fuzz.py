@@ -113,6 +113,32 @@ def test_fuzz_config_texts_parse_or_refuse(tmp_path: Path):
             one_line(e)
 
 
+def test_oversized_or_unreadable_configs_are_refused_before_being_read_whole(tmp_path: Path):
+    """Model and drafter configs are read through one bounded reader: past its limit, or not a
+    readable file, a config is refused in one line naming it, without reading it all."""
+    from evspark_cli.decode.drafters.dspark import MAX_CONFIG_BYTES as DRAFTER_MAX
+    from evspark_cli.decode.drafters.dspark import _read_config
+    from evspark_cli.errors import ModelError
+    from evspark_cli.model.config import MAX_CONFIG_BYTES, ModelConfig
+
+    big = tmp_path / "config.json"
+    with open(big, "wb") as f:
+        f.truncate(MAX_CONFIG_BYTES + 1)
+    with pytest.raises(ModelError, match=r"^config .*config\.json is larger than 64 MiB: not a "
+                                         r"model config$"):
+        ModelConfig.load(big)
+    drafter = tmp_path / "drafter.json"
+    drafter.write_text(" " * (DRAFTER_MAX + 1))
+    with pytest.raises(ModelError, match=r"drafter\.json is larger than 1 MiB: not a drafter "
+                                         r"config$"):
+        _read_config(drafter)
+    with pytest.raises(ModelError, match=r"^cannot read config .*: Is a directory$"):
+        ModelConfig.load(tmp_path)
+    drafter.write_text(" " * DRAFTER_MAX)  # exactly at the limit: read whole, then parsed
+    with pytest.raises(ModelError, match="not valid JSON"):
+        _read_config(drafter)
+
+
 # ------------------------------------------------------------- the seeded mutator, for real
 
 CHILD = r"""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError
+from ..files import read_bounded
 
 
 @dataclass
@@ -178,14 +179,7 @@ class ModelConfig:
         """Read config.json, or an Evo 2 YAML (flat key: value file) by extension."""
         p = Path(path)
         kind = "YAML" if p.suffix in (".yml", ".yaml") else "JSON"
-        try:
-            with open(p, "rb") as f:
-                raw = f.read(MAX_CONFIG_BYTES + 1)
-        except OSError as e:
-            raise ModelError(f"cannot read config {p}: {e.strerror or e}") from None
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ModelError(f"config {p} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a "
-                             "model config")
+        raw = read_bounded(p, MAX_CONFIG_BYTES, f"config {p}", "model config")
         try:
             text = raw.decode("utf-8-sig")
             data = parse_flat_yaml(text) if kind == "YAML" else json.loads(text)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from ...alphabet import BASE_IDS
 from ...errors import ModelError
+from ...files import read_bounded
 from ...model.model import StripedHyena
 from ...model.state import InferenceState, put_rows, swap_remove
 from ..sampling import Purpose, sampler_probs
@@ -401,14 +402,7 @@ def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: 
 
 def _read_config(path: Path) -> object:
     """A drafter's config.json, refused in one line when it is not small, valid JSON."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as e:
-        raise ModelError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ModelError(f"{path} is larger than {MAX_CONFIG_BYTES >> 10} KiB: not a drafter "
-                         "config")
+    data = read_bounded(path, MAX_CONFIG_BYTES, str(path), "drafter config")
     try:
         return json.loads(data.decode("utf-8-sig"))
     except (ValueError, RecursionError) as e:
