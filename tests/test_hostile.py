@@ -484,8 +484,8 @@ def _half_done(model: Path, d: Path, *opts) -> Path:
 
 
 @pytest.mark.parametrize("case,first,then,pattern", [
-    ("--include-prompt", [], ["--include-prompt"],  # its records are named .ext
-     r"record 'r1\.cont', which this run does not write"),
+    ("--include-prompt", [], ["--include-prompt"],  # named, although it also renames (.ext)
+     r"record 'r1\.cont' made with include_prompt=no, this run has include_prompt=yes"),
     ("--prompt-tail", [], ["--prompt-tail", 10],
      r"record 'r1\.cont' made with prompt_tail=none, this run has prompt_tail=10"),
     ("--iupac", [], ["--iupac", "random"],

@@ -477,21 +477,26 @@ class FastaOutput(_PartialOutput):
         record ids, each with what its own header must show (its prompt's hash): a finished
         record this run would not write (other inputs, regions, shard or samples) is refused."""
         for rid, desc in self.done_descriptions.items():
-            if records is not None and rid not in records:
-                raise InputError(f"--resume: {self.partial} has record '{rid}', which this run "
-                                 "does not write (other inputs, --region, --shard or --samples?);"
-                                 " rerun with the same options or delete the .partial")
             words = desc.split()
             if not words or words[0] != "evspark":
                 raise self._corrupt(f"record '{rid}' has a header evspark did not write")
             got = dict(w.split("=", 1) for w in words[1:] if "=" in w)
-            expected = {**want, **(records or {}).get(rid, {})}
-            for key, value in expected.items():
-                if got.get(key) != value:
-                    had = f"{key}={got[key]}" if key in got else f"no {key} recorded"
-                    raise InputError(f"--resume: {self.partial} has record '{rid}' made with "
-                                     f"{had}, this run has {key}={value}; rerun with the same "
-                                     "options or delete the .partial")
+            # the run's own settings first: a setting that also renames records
+            # (--include-prompt: .cont/.ext) is then named, not reported as a foreign record
+            self._check_settings(rid, got, want)
+            if records is not None and rid not in records:
+                raise InputError(f"--resume: {self.partial} has record '{rid}', which this run "
+                                 "does not write (other inputs, --region, --shard or --samples?);"
+                                 " rerun with the same options or delete the .partial")
+            self._check_settings(rid, got, (records or {}).get(rid, {}))
+
+    def _check_settings(self, rid: str, got: Mapping[str, str], want: Mapping[str, str]) -> None:
+        for key, value in want.items():
+            if got.get(key) != value:
+                had = f"{key}={got[key]}" if key in got else f"no {key} recorded"
+                raise InputError(f"--resume: {self.partial} has record '{rid}' made with "
+                                 f"{had}, this run has {key}={value}; rerun with the same "
+                                 "options or delete the .partial")
 
     def _scan(self, data: bytes) -> tuple[int, list[str]]:
         lines = _split_lines(data)
