@@ -481,14 +481,14 @@ class FastaOutput(_PartialOutput):
             if not words or words[0] != "evspark":
                 raise self._corrupt(f"record '{rid}' has a header evspark did not write")
             got = dict(w.split("=", 1) for w in words[1:] if "=" in w)
-            # the run's own settings first: a setting that also renames records
-            # (--include-prompt: .cont/.ext) is then named, not reported as a foreign record
-            self._check_settings(rid, got, want)
+            # a run-wide setting the header records otherwise is named first: one that also
+            # renames records (--include-prompt: .cont/.ext) is not a foreign record
+            self._check_settings(rid, got, {k: v for k, v in want.items() if k in got})
             if records is not None and rid not in records:
                 raise InputError(f"--resume: {self.partial} has record '{rid}', which this run "
                                  "does not write (other inputs, --region, --shard or --samples?);"
                                  " rerun with the same options or delete the .partial")
-            self._check_settings(rid, got, (records or {}).get(rid, {}))
+            self._check_settings(rid, got, {**want, **(records or {}).get(rid, {})})
 
     def _check_settings(self, rid: str, got: Mapping[str, str], want: Mapping[str, str]) -> None:
         for key, value in want.items():
