@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1.4
 # EvSpark on a CPU, built from this repository with the bundled model and its drafters. The image
-# is produced only when the README's test command passes inside it (the `test` stage), which
-# needs the shared test data (phiX, the vortex oracle) as the named build context `shared`:
+# (the `runtime` stage: a plain install, no test extra) is produced only when the README's test
+# command passes in the `test` stage (an editable install with the test extra), which needs the
+# shared test data (phiX, the vortex oracle) as the named build context `shared`:
 #
 #   docker build --build-context shared=../shared -t evspark:0.1.0 .
 #   docker run --rm -v "$PWD:/data" -w /data evspark:0.1.0 \
@@ -25,20 +26,22 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN apt-get update \
  && apt-get install -y --no-install-recommends samtools tabix g++ procps \
  && rm -rf /var/lib/apt/lists/*
+RUN pip install ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "torch==${TORCH}"
 WORKDIR /opt/evspark
-COPY . .
-RUN pip install ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "torch==${TORCH}" \
- && pip install -e ".[test]"
 
+# the suite: the repository installed editable with its test extra, then the README's test command
 FROM base AS test
+COPY . .
+RUN pip install -e ".[test]"
 COPY --from=shared . /opt/shared
 ENV EVSPARK_SHARED=/opt/shared
-# the README's test command
 RUN ruff check . && python -m pytest -q -x -p no:cacheprovider && touch /opt/evspark/.tested
 
+# the image: the package installed from the repository (not editable, no test extra) beside the
+# torch of `base`; it is built only once the test stage has passed
 FROM base AS runtime
-# tie the runtime image to a passing test stage
 COPY --from=test /opt/evspark/.tested /opt/evspark/.tested
+RUN --mount=type=bind,target=/tmp/evspark-src,rw pip install /tmp/evspark-src
 RUN useradd --create-home --uid 1000 evspark
 USER evspark
 WORKDIR /data

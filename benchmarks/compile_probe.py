@@ -42,7 +42,7 @@ def graph_breaks(model, state) -> tuple[int, int]:
 def decode_ab(models: dict, a) -> dict:
     """Whole decodes, the two models alternating per prompt: native, dspark and identity-drafter
     speculative (sampled, T=1, top-k 4, gamma 12); tokens/s and identity overhead per model."""
-    from evspark_cli.api import resolve_drafter
+    from evspark_cli.decode.drafters.registry import resolve_drafter
     from evspark_cli.decode.drafters.base import RngKey
     from evspark_cli.decode.drafters.identity import IdentityDrafter
     from evspark_cli.decode.native import decode_native

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from evspark_cli.api import resolve_drafter
+from evspark_cli.decode.drafters.registry import resolve_drafter
 from evspark_cli.decode.drafters.base import RngKey
 from evspark_cli.decode.drafters.identity import IdentityDrafter
 from evspark_cli.decode.native import decode_native

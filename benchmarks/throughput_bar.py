@@ -68,7 +68,7 @@ def timed_command(cmd: list[str], env: dict | None = None) -> tuple[float, float
 def sweep_and_workload(args, log) -> dict:
     import torch
 
-    from evspark_cli.api import resolve_drafter
+    from evspark_cli.decode.drafters.registry import resolve_drafter
     from evspark_cli.eval.throughput import ThroughputConfig, measure_throughput
     from evspark_cli.io.fasta import read_prompts
     from evspark_cli.model.checkpoint import load_model

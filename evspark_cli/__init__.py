@@ -19,7 +19,7 @@ _API = {
     "tokenize": "evspark_cli.model.tokenizer",
     "detokenize": "evspark_cli.model.tokenizer",
     "generate": "evspark_cli.api",
-    "generate_many": "evspark_cli.runs",
+    "generate_many": "evspark_cli.api",
     "GenerateOutput": "evspark_cli.api",
     "ModelConfig": "evspark_cli.model.config",
     "StripedHyena": "evspark_cli.model.model",
@@ -30,5 +30,5 @@ __all__ = [*_API, "__version__"]
 
 def __getattr__(name: str) -> Any:
     if name in _API:
-        return getattr(importlib.import_module(_API[name]), name)
+        return vars(importlib.import_module(_API[name]))[name]
     raise AttributeError(f"module 'evspark_cli' has no attribute {name!r}")

@@ -11,7 +11,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from .errors import InputError, ModelError
+from .errors import InputError, ModelError, literal
 
 
 def _package_dir(package: str) -> Path:
@@ -40,7 +40,7 @@ def default_model_dir() -> Path:
         return root / marker.read_text().strip()
     found = sorted(p.parent for p in root.glob("*/config.json"))
     if not found:
-        raise ModelError(f"no model found in {root}; pass --model DIR")
+        raise ModelError(literal(f"no model found in {root}; ") + "pass {0} DIR", "model")
     return found[0]
 
 

@@ -7,13 +7,39 @@ checkpoint).
 from __future__ import annotations
 
 import re
-from typing import Callable
+from typing import Callable, TypeVar
+
+_E = TypeVar("_E", bound="EvsparkError")
 
 
 class EvsparkError(Exception):
-    """Base class: carries the exit code the CLI returns for it."""
+    """Base class: carries the exit code the CLI returns for it.
+
+    A message may name settings (`resume`, `max_memory`...) by their Python names: then it is
+    a `template` holding `{0}`, `{1}`... where `settings` go, and the command line shows it with
+    the option the user typed instead (`render`: `--resume`, `--max-memory`). Without settings
+    the message is plain text, braces included.
+    """
 
     exit_code: int = 1
+
+    def __init__(self, message: object = "", *settings: str) -> None:
+        self.settings: tuple[str, ...] = settings
+        if settings:
+            self.template = str(message)
+            super().__init__(self.template.format(*settings))
+        else:
+            self.template = literal(str(message))
+            super().__init__(message)
+
+    @classmethod
+    def of(cls: type[_E], setting: str, problem: str, sep: str = " ") -> _E:
+        """`{setting}{sep}{problem}`, e.g. SettingError.of("gamma", "must be >= 1, got 0")."""
+        return cls("{0}" + sep + literal(problem), setting)
+
+    def render(self, name: Callable[[str], str]) -> str:
+        """The message with each setting written as `name(setting)`."""
+        return self.template.format(*(name(s) for s in self.settings))
 
 
 class InputError(EvsparkError):
@@ -27,22 +53,13 @@ class SettingError(InputError):
 
     The library checks each value once and names it by its Python name; the command line shows
     the same message with the option the user typed instead (`--gamma`, `--max-new-tokens`).
-    `template` holds `{0}`, `{1}`... where the names go.
+    `template` holds `{0}`, `{1}`... where the names go; it is always a template, with no
+    settings too (`{{` for a brace).
     """
 
     def __init__(self, template: str, *settings: str) -> None:
-        self.template = template
-        self.settings = settings
-        super().__init__(template.format(*settings))
-
-    @classmethod
-    def of(cls, setting: str, problem: str, sep: str = " ") -> SettingError:
-        """`{setting}{sep}{problem}`, e.g. SettingError.of("gamma", "must be >= 1, got 0")."""
-        return cls("{0}" + sep + problem.replace("{", "{{").replace("}", "}}"), setting)
-
-    def render(self, name: Callable[[str], str]) -> str:
-        """The message with each setting written as `name(setting)`."""
-        return self.template.format(*(name(s) for s in self.settings))
+        Exception.__init__(self, template.format(*settings))
+        self.template, self.settings = template, settings
 
 
 class ModelError(EvsparkError):
@@ -55,6 +72,11 @@ class RunError(EvsparkError):
     """A run that started and failed (e.g. non-finite logits in a record)."""
 
     exit_code = 1
+
+
+def literal(text: str) -> str:
+    """`text` as a template that formats to itself (its braces doubled)."""
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 def at_least(setting: str, value: int | float, low: int | float) -> None:

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .errors import InputError, ModelError
+from .errors import InputError, ModelError, SettingError, literal
 
 FileKey = tuple
 """(st_dev, st_ino) of an existing file, or (st_dev, st_ino, name) of a name in a folder."""
@@ -41,11 +41,13 @@ def file_key(path: str | os.PathLike[str]) -> FileKey | None:
 @dataclass(frozen=True)
 class Output:
     """A file a command writes: the option that names it, its path, and the companion files it
-    writes on the way (`OUT.partial`, `OUT.tmp`) as suffixes."""
+    writes on the way (`OUT.partial`, `OUT.tmp`) as suffixes. With `setting`, `option` is a
+    setting's Python name (`output`), which the command line writes as its option."""
 
     option: str
     path: str | None
     companions: tuple[str, ...] = ()
+    setting: bool = False
 
     def files(self) -> list[str]:
         if self.path is None or self.path == "-":
@@ -72,23 +74,35 @@ def check_distinct(inputs: Iterable[str | os.PathLike[str]] | None,
             if key is None:
                 continue
             if key in ins:
-                what = f"{out.option} {out.path}" if f == out.path else \
-                    f"{out.option} {out.path} (its {f})"
+                what = f" {out.path}" if f == out.path else f" {out.path} (its {f})"
                 also = "" if ins[key] == f else f" ({ins[key]})"
-                raise InputError(f"{what} is also an input{also}; it would be overwritten")
+                raise _refusal(out, f"{what} is also an input{also}; it would be overwritten")
             if key in written:
                 other, g = written[key]
                 if other.option == out.option:
                     continue
-                raise InputError(_clash(other, g, out, f))
+                raise _clash(other, g, out, f)
             written[key] = (out, f)
 
 
-def _clash(a: Output, fa: str, b: Output, fb: str) -> str:
+def _clash(a: Output, fa: str, b: Output, fb: str) -> InputError:
     if fa == a.path and fb == b.path:
-        return f"{b.option} and {a.option} name the same file {b.path}"
+        return _refusal(b, " and ", a, f" name the same file {b.path}")
     both = fb if fb != b.path else fa
-    return f"{a.option} {a.path} and {b.option} {b.path} would both write {both}; rename one"
+    return _refusal(a, f" {a.path} and ", b, f" {b.path} would both write {both}; rename one")
+
+
+def _refusal(*parts: str | Output) -> InputError:
+    """One message of text and outputs, each output written as its option: one named by a
+    setting (`Output.setting`) makes it a SettingError, whose option the command line shows."""
+    template, settings = "", []
+    for part in parts:
+        if isinstance(part, Output) and part.setting:
+            template += f"{{{len(settings)}}}"
+            settings.append(part.option)
+        else:
+            template += literal(part.option if isinstance(part, Output) else part)
+    return SettingError(template, *settings) if settings else InputError(template.format())
 
 
 @contextlib.contextmanager

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import InputError, ModelError, SettingError
-from .io.fasta import LengthCap
+from .errors import ModelError, SettingError
+from .io.types import LengthCap
 from .model.checkpoint import CONFIG, model_folder
 from .model.config import ModelConfig
-from .model.memory import FP32, Budget, prefill_bytes
+from .model.memory import FP32, MAX_MEMORY, Budget, prefill_bytes
 
 DEFAULT_SCORE_SPAN = 8192
 """`score`'s default --context and --window, each at most half the model's context."""
@@ -67,14 +67,15 @@ def score_windows(cfg: ModelConfig, context: int | None, window: int | None,
                            f"of {span:,} tokens over a {longest:,}-base record, more than the "
                            f"model's context of {limit:,}; lower {{1}}", "context", "window")
     need = prefill_bytes(cfg, span) + FP32 * span * cfg.vocab_size
-    reason = budget.refusal(need, f"scoring passes of {span:,} tokens")
+    reason = budget.refusal_template(need, f"scoring passes of {span:,} tokens", slot=2)
     if reason is not None:
-        text = reason.replace("{", "{{").replace("}", "}}")
-        raise SettingError("{0} and {1}: " + text + "; lower them", "context", "window")
+        raise SettingError("{0} and {1}: " + reason + "; lower them", "context", "window",
+                           MAX_MEMORY)
     if keep_logits:
         saved = FP32 * cfg.vocab_size * sum(max(n - 1, 0) for n in lengths)
-        reason = budget.refusal(saved, "keeping the logits of every position")
+        reason = budget.refusal_template(saved, "keeping the logits of every position", slot=1)
         if reason is not None:
-            raise InputError(f"--logits: {reason}; score fewer or shorter records")
+            raise SettingError("{0}: " + reason + "; score fewer or shorter records", "logits",
+                               MAX_MEMORY)
     return context, window
 

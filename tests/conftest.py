@@ -1,13 +1,15 @@
-"""Shared pytest fixtures (kept generic: paths and a tiny random-model factory)."""
+"""Shared pytest fixtures: paths, a tiny random-model factory, the tiny models and folders the
+test files share (trained or built once per run), and the reliability battery's table."""
 from __future__ import annotations
 
 import math
 from pathlib import Path
 from typing import Callable
 
+import battery  # noqa: E402  (tests/ is on sys.path: pytest's rootdir conftest)
 import pytest
 import torch
-from tiny import SHARED  # noqa: E402  (tests/ is on sys.path: pytest's rootdir conftest)
+from tiny import SHARED, random_tiny_dir, shared_trained_tiny, trained_tiny_dir  # noqa: E402
 
 ORACLE_DIR = SHARED / "oracle"
 
@@ -80,3 +82,69 @@ def make_model() -> Callable:
         return randomize_model(StripedHyena(cfg), seed)
 
     return make
+
+
+# ------------------------------------------------------------- models and folders the files share
+
+
+@pytest.fixture(scope="session")
+def phix_model(tmp_path_factory) -> Path:
+    """The tiny model trained on phiX174 (tiny.shared_trained_tiny): it writes DNA letters."""
+    return shared_trained_tiny(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def short_model(tmp_path_factory) -> Path:
+    """A random tiny model with a context of 64 tokens."""
+    return random_tiny_dir(tmp_path_factory.mktemp("short") / "m", max_seqlen=64)
+
+
+@pytest.fixture(scope="session")
+def phix_drafter(phix_model: Path, tmp_path_factory) -> Path:
+    """A dspark drafter folder for `phix_model` (random weights: lossless whatever they are)."""
+    from evspark_cli.decode.drafters.dspark import DSparkConfig, DSparkNet, save_drafter
+    from evspark_cli.model.checkpoint import weights_hash
+
+    torch.manual_seed(0)
+    cfg = DSparkConfig(target_hidden=32, target_layers=2, width=32, layers=1, heads=2,
+                       prefix_len=8, target_hash=weights_hash(phix_model), target_name="tiny-test")
+    return save_drafter(DSparkNet(cfg), tmp_path_factory.mktemp("drafter") / "d")
+
+
+@pytest.fixture(scope="session")
+def normal_peak(phix_model: Path, tmp_path_factory) -> int:
+    """The peak RSS of an ordinary generate run with `phix_model`: the footprint the bounded
+    cases of the battery (battery.bounded) are measured against."""
+    d = tmp_path_factory.mktemp("normal")
+    code, err, peak = battery.run_child(["generate", battery.fasta_file(d), "--model", phix_model,
+                                         *battery.FAST, "-n", 4], d)
+    assert code == 0, err
+    return peak
+
+
+@pytest.fixture(scope="session")
+def battery_models(tmp_path_factory, short_model: Path) -> battery.Models:
+    """The bad-input cases' models: one trained a few seconds on phiX174, `short_model`."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("models")
+    return battery.Models(trained_tiny_dir(root / "good", steps=20), short_model)
+
+
+@pytest.fixture(scope="session")
+def random_model(tmp_path_factory) -> Path:
+    """A random tiny model folder (context 4,096)."""
+    return random_tiny_dir(tmp_path_factory.mktemp("random") / "model")
+
+
+@pytest.fixture()
+def masked_fa(tmp_path) -> Path:
+    """in.fa: two records, the second partly lower case (a warning, not an error)."""
+    p = tmp_path / "in.fa"
+    p.write_text(">r1\nACGTACGTAAGG\n>r2\nttgacaGGCA\n")
+    return p
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """With EVSPARK_UPDATE_RELIABILITY=1 the battery's rows of this run go into RELIABILITY.md."""
+    if battery.updating():
+        battery.write_recorded()

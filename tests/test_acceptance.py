@@ -266,6 +266,7 @@ def _chi2(counts: dict[Prefix, int], probs: dict[Prefix, float], n: int) -> tupl
     return stat, cells - 1
 
 
+@pytest.mark.slow
 def test_monte_carlo_accept_sampled() -> None:
     """The real accept_sampled, fp32 p̃ and q as the engine passes them, torch-generator uniforms."""
     gamma, rounds, prefix = 2, 20_000, (1,)

@@ -43,6 +43,7 @@ def _stats_without_timings(path: Path) -> list[list[str]]:
     return [[row[i] for i in keep] for row in lines]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["--greedy"], ["--drafter", "none"],
                                    ["--drafter", "identity", "--gamma", "3"]],
                          ids=["kmer", "greedy", "native", "identity"])
@@ -114,12 +115,13 @@ def test_a_batch_that_does_not_fit_is_refused_naming_the_largest(tmp_path, model
     assert m and 0 < int(m.group(1)) < 32, err[0]
     # without --batch-size the device's default (32 on a CPU) shrinks to what fits instead
     import evspark_cli as evs
-    from evspark_cli.api import DecodeOptions
-    from evspark_cli.runs import make_jobs, plan_batch
+    from evspark_cli.generation.jobs import Record, build_jobs
+    from evspark_cli.generation.options import DecodeOptions
+    from evspark_cli.generation.plan import plan_batch
 
     m_ = evs.load_model(model)
     opts = DecodeOptions(3000, samples=8)
-    jobs = make_jobs([("r", "ACGT" * 30)], opts, m_)
+    jobs = build_jobs([Record.named("r", "ACGT" * 30, m_.config.vocab_size)], opts)
     assert plan_batch(m_, jobs, opts, None, None) == min(int(m.group(1)), 8)
     monkeypatch.delenv("EVSPARK_MAX_MEMORY")
     assert plan_batch(m_, jobs, opts, None, None) == 8  # no more rows than jobs

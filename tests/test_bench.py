@@ -4,7 +4,8 @@ The quick preset is shrunk to tiny sizes (2 prompts x 16 tokens, TVD 1 prompt x 
 gamma sweep [2, 4], contexts [64, 128] cut from phiX174 plus one longer than the genome, a
 64-token depth sweep) and the real command runs in this process. results.json must hold every
 section (speed per drafter/mode/rollback with pooled speedups, greedy divergences, TVD rows with
-their native-vs-native floor, the sweeps) and report.md their tables.
+their native-vs-native floor, the sweeps) and report.md their tables. A one-record --prompts
+file is reported as one prompt; option values out of range are one error line.
 """
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from battery import FAST, fasta_file, record, show  # noqa: E402
 from tiny import (  # noqa: E402
     PHIX,
+    one_line_error,
     run_cli,
     trained_tiny_dir,
 )
@@ -212,3 +215,34 @@ def test_context_sweep_skips_only_out_of_memory(model_dir, monkeypatch):
                         lambda *a, **k: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
     with pytest.raises(RuntimeError, match="shape mismatch"):
         bench.context_sweep(model, bench.resolve_drafter(model, "kmer"), cfg, lambda m: None)
+
+
+# ------------------------------------------------------- the prompts it ran, bad option values
+
+
+def test_bench_reports_the_prompts_it_ran(phix_model: Path, tmp_path: Path):
+    one = fasta_file(tmp_path, "one.fa", ">p1\n" + "ACGTTGCA" * 8 + "\n")
+    out = tmp_path / "bench"
+    args = ["bench", "--model", phix_model, "--prompts", one, "-o", out, *FAST, "-n", 4, "--seeds",
+            "0", "--baselines", "kmer", "--rollbacks", "slice", "--skip",
+            "tvd,gamma,context,depth"]
+    r = run_cli(args)
+    assert r.code == 0, r.err
+    report = (out / "report.md").read_text()
+    record("hostile", "bench --prompts with 1 record", show(args, tmp_path, MODEL=phix_model), 0,
+           re.search(r"\d+ prompts? x", report)[0] + " in report.md")
+    assert "1 prompts x" in report or "1 prompt x" in report
+    assert json.loads((out / "results.json").read_text())["config"]["n_prompts"] == 1
+
+
+@pytest.mark.parametrize("opt", [["-n", "0"], ["--n-prompts", "0"], ["-g", "0"],
+                                 ["--gammas", "0,2"], ["--contexts", "-5"], ["--seeds", "-1"]])
+def test_bench_values_out_of_range(tmp_path, opt):
+    r = run_cli(["bench", "--model", tmp_path / "none", "-o", tmp_path / "out", *opt, "-q"])
+    one_line_error(r, 2)
+
+
+def test_bench_output_that_is_a_file(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    one_line_error(run_cli(["bench", "--model", tmp_path / "none", "-o", tmp_path / "afile", "-q"]),
+                   2)

@@ -28,6 +28,7 @@ SMOKE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_a_benchmark_script_runs_in_its_smoke_mode(script, tmp_path):
     out = tmp_path / f"{script}.json"

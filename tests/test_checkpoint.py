@@ -1,7 +1,8 @@
 """Model folders and Evo 2 checkpoint conversion: round trips, formats, and refusals.
 
 Every refusal must be a ModelError (exit code 3) with a one-line message naming the tensor or
-the problem; nothing in a checkpoint may execute code.
+the problem; nothing in a checkpoint may execute code. The broken and hostile models of
+tests/RELIABILITY.md run here too, through `evspark generate` and `evspark convert`.
 """
 from __future__ import annotations
 
@@ -9,13 +10,26 @@ import io
 import json
 import os
 import pickle
+import shutil
 import struct
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from battery import (
+    FAST,
+    Case,
+    Models,
+    case_ids,
+    check_bad_input,
+    fasta_file,
+    gen_model,
+    ok_fa,
+)
+from battery import refused as cli_refused
 from safetensors.torch import load_file, save_file
+from tiny import SHARED, one_line_error, run_cli
 
 from evspark_cli.errors import ModelError
 from evspark_cli.model.checkpoint import (
@@ -29,6 +43,7 @@ from evspark_cli.model.checkpoint import (
 from evspark_cli.model.config import ModelConfig
 
 torch.set_num_threads(1)
+ORACLE = SHARED / "oracle"
 
 
 def tiny_cfg(**kw) -> ModelConfig:
@@ -123,12 +138,10 @@ def test_bf16_load_keeps_fp32_filters_exact(tmp_path, make_model):
     """Evo 2's precision policy: poles, residues and inv_freq stay fp32 *values*, not bf16 values
     widened back to fp32.
 
-    BUG (evspark_cli/model/checkpoint.py, cast_model): `model.to(dtype)` first rounds every
-    tensor to bf16 and only then `t.data = t.data.float()` restores the dtype, so log_poles,
-    residues and inv_freq lose their fp32 precision (measured on the oracle: log_poles off by
-    up to 1e-3, i.e. a pole at -1e-3 can move by 100%). Fix: remember the FP32_KEEP tensors
-    before `model.to(dtype)` and put them back afterwards (or cast module by module, skipping
-    them).
+    Checks that cast_model (evspark_cli/model/checkpoint.py) keeps the FP32_KEEP tensors'
+    exact fp32 values through a bf16 load: casting the whole model to bf16 and widening those
+    tensors back afterwards would round them (on the oracle, log_poles off by up to 1e-3: a pole
+    at -1e-3 could move by 100%).
     """
     model = make_model(tiny_cfg(), seed=4)
     out = save_model(model, tmp_path / "m")
@@ -241,9 +254,9 @@ def test_evo2_yaml_config(tmp_path, oracle_dir, monkeypatch, parser):
 
 @pytest.mark.parametrize("parser", ["pyyaml", "fallback"])
 def test_malformed_yaml_is_refused(tmp_path, monkeypatch, parser):
-    """BUG (evspark_cli/model/config.py, ModelConfig.load): with PyYAML installed a malformed
-    YAML raises yaml.YAMLError (not a ValueError), which escapes as a traceback instead of a
-    ModelError (exit code 3)."""
+    """A malformed YAML config, or one that is not a mapping, is refused by ModelConfig.load as
+    a ModelError (exit code 3) naming the file, with PyYAML's parser as with the fallback one
+    (PyYAML raises yaml.YAMLError, not a ValueError: it must not escape as a traceback)."""
     if parser == "pyyaml":
         pytest.importorskip("yaml")
     else:
@@ -260,10 +273,10 @@ def test_malformed_yaml_is_refused(tmp_path, monkeypatch, parser):
 def test_yaml_config_types(tmp_path, oracle_dir, monkeypatch, parser):
     """`eps: 1e-6` is a float whichever YAML reader is used (or the config is refused).
 
-    BUG (evspark_cli/model/config.py, parse_flat_yaml / ModelConfig.from_dict): with PyYAML
-    installed, YAML 1.1 reads `1e-6` (no dot) as the *string* '1e-6'; from_dict does no type
-    checking, so the model is built with eps='1e-6' and crashes in RMSNorm with a TypeError
-    instead of loading (or raising ModelError). The fallback parser returns a float.
+    PyYAML reads `1e-6` (YAML 1.1: no dot) as the *string* '1e-6'; the test checks that the
+    config still loads with eps the float 1e-6 (or is refused as a ModelError), and never builds
+    a model with eps='1e-6' that fails in RMSNorm with a TypeError. The fallback parser reads a
+    float.
     """
     if parser == "pyyaml":
         pytest.importorskip("yaml")
@@ -436,3 +449,161 @@ def test_config_disagreeing_with_tensors(tmp_path, oracle_dir):
                                        tmp_path / "c"),
             "config")
     refused(lambda: convert_checkpoint(ckpt, tmp_path / "nope.yml", tmp_path / "c"), "config")
+
+
+# ------------------------------------------------- the command line on broken models (battery)
+
+
+def copy_model(m: Models, d: Path) -> Path:
+    return Path(shutil.copytree(m.good, d / "model"))
+
+
+def truncated_weights(m: Models, d: Path) -> Path:
+    folder = copy_model(m, d)
+    f = folder / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size * 2 // 3])
+    return folder
+
+
+def lying_header(m: Models, d: Path) -> Path:
+    """The safetensors header claims a tensor's bytes run far past the end of the file."""
+    folder = copy_model(m, d)
+    f = folder / "model.safetensors"
+    raw = f.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8 : 8 + n])
+    name = max((k for k in header if k != "__metadata__"),
+               key=lambda k: header[k]["data_offsets"][1])
+    a, b = header[name]["data_offsets"]
+    header[name]["data_offsets"] = [a, b + (1 << 20)]  # and so does the shape:
+    header[name]["shape"] = [(b - a + (1 << 20)) // 4]
+    new = json.dumps(header).encode()
+    new += b" " * (-len(new) % 8)
+    f.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n :])
+    return folder
+
+
+def disagreeing_config(m: Models, d: Path) -> Path:
+    folder = copy_model(m, d)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["hidden_size"] = 48
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def nan_weights(m: Models, d: Path) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    folder = copy_model(m, d)
+    t = load_file(str(folder / "model.safetensors"))
+    k = sorted(t)[0]
+    t[k] = t[k].clone()
+    t[k].view(-1)[0] = float("nan")
+    save_file(t, str(folder / "model.safetensors"))
+    return folder
+
+
+class _Payload:
+    """Unpickling this runs os.mkdir(marker): it must never happen."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def evil_pt(d: Path, legacy: bool) -> Path:
+    import torch
+
+    marker = str(d / "PWNED")
+    path = d / "evil.pt"
+    obj = {"blocks.0.filter.h": torch.zeros(2), "payload": _Payload(marker)}
+    if legacy:  # a bare pickle stream, as old torch.save(_use_new_zipfile_serialization=False)
+        with open(path, "wb") as f:
+            pickle.dump(obj, f, protocol=2)
+    else:
+        torch.save(obj, path)
+    return path
+
+
+
+BAD_INPUT_CASES: list[Case] = [
+    Case("missing model folder",
+         lambda d, m: ["generate", ok_fa(d), "--model", d / "nomodel", *FAST],
+         3, r"model folder \S*nomodel does not exist"),
+    Case("empty model folder",
+         gen_model(lambda m, d: (d / "empty_model").mkdir() or d / "empty_model"),
+         3, r"has no config\.json"),
+    Case("truncated safetensors", gen_model(truncated_weights), 3,
+         r"cannot read \S*model\.safetensors: corrupt or not a safetensors file"),
+    Case("safetensors header lying about sizes", gen_model(lying_header), 3,
+         r"cannot read \S*model\.safetensors: corrupt or not a safetensors file"),
+    Case("config disagrees with the tensors", gen_model(disagreeing_config), 3,
+         r"model\.safetensors: tensor '[^']+' has shape \(.*\), the config implies \("),
+    Case("NaN in the weights", gen_model(nan_weights), 3, r"tensor '[^']+' contains NaN or inf"),
+    Case("code-executing .pt to convert (zip)",
+         lambda d, m: ["convert", evil_pt(d, legacy=False), "--config", m.good / "config.json",
+                       "-o", d / "conv"],
+         3, r"refusing to load \S*evil\.pt: not a plain tensor checkpoint", outputs=False),
+    Case("code-executing .pt to convert (legacy pickle)",
+         lambda d, m: ["convert", evil_pt(d, legacy=True), "--config", m.good / "config.json",
+                       "-o", d / "conv"],
+         3, r"refusing to load \S*evil\.pt: not a plain tensor checkpoint", outputs=False),
+    Case("convert a missing checkpoint",
+         lambda d, m: ["convert", d / "none.pt", "--config", m.good / "config.json", "-o",
+                       d / "conv"],
+         3, r"checkpoint \S*none\.pt does not exist", outputs=False),
+]
+
+
+@pytest.mark.parametrize("case", BAD_INPUT_CASES, ids=case_ids(BAD_INPUT_CASES))
+def test_bad_input(case: Case, battery_models: Models, tmp_path: Path):
+    """`evspark generate` or `convert` with each broken or hostile model: exit 3, one error
+    line, nothing written, no code run."""
+    check_bad_input(case, battery_models, tmp_path)
+
+
+def test_model_given_as_a_file(phix_model: Path, tmp_path: Path):
+    cli_refused("--model names a file", ["generate", fasta_file(tmp_path), "--model",
+                                         phix_model / "config.json", *FAST, "-n", 4], 3,
+                r"config\.json is a file, not a model folder \(give the folder that holds "
+                r"config\.json and model\.safetensors\)", tmp_path, MODEL=phix_model)
+
+
+def test_convert_onto_its_own_folder_is_refused(phix_model: Path, tmp_path: Path):
+    folder = Path(shutil.copytree(phix_model, tmp_path / "m"))
+    before = (folder / "model.safetensors").read_bytes()
+    cli_refused("convert -o the checkpoint's own folder",
+                ["convert", folder / "model.safetensors", "--config", folder / "config.json",
+                 "-o", folder], 2, r"--output \S*m/model\.safetensors is also an input; it "
+                                   r"would be overwritten",
+                tmp_path)
+    assert (folder / "model.safetensors").read_bytes() == before
+    other = tmp_path / "other"
+    shutil.copytree(phix_model, other)
+    cli_refused("convert -o a folder holding a model",
+                ["convert", folder / "model.safetensors", "--config", folder / "config.json",
+                 "-o", other], 2, r"other already holds a model \(config\.json\)", tmp_path)
+
+
+def test_convert_onto_an_existing_file_is_a_usage_error(tmp_path):
+    target = tmp_path / "taken"
+    target.write_text("keep me")
+    r = run_cli(["convert", ORACLE / "tiny_vtx.safetensors", "--config",
+                 ORACLE / "tiny_vtx_config.json", "-o", target])
+    assert "not a folder" in one_line_error(r, 2)
+    assert target.read_text() == "keep me"
+
+
+def test_integer_weights_in_a_float_slot_are_refused(tmp_path, random_model):
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(random_model, bad)
+    sd = load_file(bad / "model.safetensors")
+    name = next(k for k in sd if k.endswith("mlp.l1.weight"))
+    sd[name] = sd[name].to(torch.int32)
+    save_file(sd, bad / "model.safetensors")
+    with pytest.raises(ModelError, match="int32"):
+        load_model(bad)

@@ -2,7 +2,8 @@
 
 Every input form gives the same continuation, the output files have the documented shape, an
 interrupted or partly failed run resumes to exactly the uninterrupted result, shards recombine
-byte for byte, `--help` is fast and torch-free, and `info`, `score` and `convert` work.
+byte for byte, `--help` is fast and torch-free, `info`, `score` and `convert` work, a closed
+pipe stops quietly, EVSPARK_DEBUG shows the traceback, and a seed makes a run repeatable.
 
 Most runs are in-process (`evspark_cli.cli.main` with a patched argv): a subprocess pays ~2-3 s
 of torch import each time. Subprocesses are used where the process boundary is the point
@@ -10,7 +11,9 @@ of torch import each time. Subprocesses are used where the process boundary is t
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import math
 import os
@@ -25,6 +28,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from battery import OK_FASTA, Models, fasta_file, ok_fa, refused, w, worked  # noqa: E402
 from tiny import PHIX, SHARED, run_cli, trained_tiny_dir  # noqa: E402
 from tiny import CliResult as Result  # noqa: E402
 
@@ -153,6 +157,7 @@ def test_every_input_form_gives_the_same_continuation(tmp_path, model, recs):
     assert tailed != ref
 
 
+@pytest.mark.slow
 def test_stdin_through_a_real_pipe(tmp_path, model, recs):
     plain = tmp_path / "in.fa"
     plain.write_text(records_text({"r2": recs["r2"]}))
@@ -361,6 +366,14 @@ cli.main()
 """
 
 
+def _default_sigint() -> None:
+    """In the child before it starts: SIGINT back to its default. A job started in the background
+    (`nohup pytest &`) has SIGINT ignored, every child inherits that, and Python leaves an
+    ignored SIGINT ignored, so the SIGINT this test sends would never reach the run."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
 def test_signal_then_resume_equals_uninterrupted(tmp_path, model, recs, monkeypatch, how):
     src = tmp_path / "in.fa"
@@ -371,7 +384,8 @@ def test_signal_then_resume_equals_uninterrupted(tmp_path, model, recs, monkeypa
     partial = Path(f"{out}.partial")
     args = [sys.executable, "-c", _KILLER, "KILL" if how == "SIGKILL" else "WAIT",
             *map(str, gen(model, src, "-o", out, "--stats", stats, *opts))]
-    p = subprocess.Popen(args, env=subprocess_env(), cwd=tmp_path, stderr=subprocess.PIPE)
+    p = subprocess.Popen(args, env=subprocess_env(), cwd=tmp_path, stderr=subprocess.PIPE,
+                         preexec_fn=_default_sigint)
     try:
         if how == "SIGINT":
             deadline = time.monotonic() + 90
@@ -686,3 +700,90 @@ def test_compile_option_writes_the_same_continuations(tmp_path, model, recs):
     r = ok(gen(model, src, "-o", b, "-n", 30, "--compile"))
     assert "failed" not in r.err  # compiled, not fallen back to eager
     assert a.read_text() == b.read_text()
+
+
+# ---------------------------------------------------------- score and verify on odd records
+
+
+def test_score_context_beyond_the_model_is_refused(short_model: Path, tmp_path: Path):
+    refused("score --context beyond the model's context",
+            ["score", fasta_file(tmp_path), "--model", short_model, *FAST, "--context", 2_000_000],
+            2, r"--context 2,000,000: a base can see at most 63 earlier bases in the model's "
+               r"context of 64", tmp_path, MODEL_CTX64=short_model)
+    long = fasta_file(tmp_path, "long.fa", ">long\n" + "ACGT" * 40 + "\n")
+    refused("score passes longer than the model's context",
+            ["score", long, "--model", short_model, *FAST, "--context", 32, "--window", 64],
+            2, r"--context 32 \+ --window 64 make passes of 96 tokens over a 160-base record, "
+               r"more than the model's context of 64; lower --window", tmp_path,
+            MODEL_CTX64=short_model)
+    worked("score with the default --context on a 64-token model",
+           ["score", long, "--model", short_model, *FAST], tmp_path, "1 row",
+           MODEL_CTX64=short_model)
+
+
+def test_score_of_a_one_base_record_is_nan_not_perfect(tmp_path, random_model):
+    fa = tmp_path / "one.fa"
+    fa.write_text(">one\nA\n>two\nACGTAC\n")
+    lg = tmp_path / "lg.safetensors"
+    r = run_cli(["score", fa, "--model", random_model, "--logits", lg, *FAST])
+    assert r.code == 0, r.err
+    rows = dict(line.split("\t")[0::2] for line in r.out.splitlines()[1:])
+    assert math.isnan(float(rows["one"])) and math.isfinite(float(rows["two"]))
+    from safetensors.torch import load_file
+
+    saved = load_file(lg)
+    assert tuple(saved["one"].shape) == (0, 512) and saved["two"].shape[0] == 5
+
+
+def test_verify_table_shows_whole_record_ids(tmp_path, random_model):
+    rid = "NZ_CP012345.1_region_1000000-1000200_sample"
+    fa = tmp_path / "long.fa"
+    fa.write_text(f">{rid}\nACGTACGTAAGGCCTA\n")
+    r = run_cli(["verify", fa, "--model", random_model, "-n", 4, "--drafter", "kmer", *FAST])
+    assert r.code == 0, r.err
+    assert any(line.split()[0] == rid for line in r.out.splitlines()), r.out
+
+
+# ------------------------------------------------ a closed pipe, debugging, determinism
+
+
+def test_closed_stdout_pipe_stops_quietly(random_model, masked_fa):
+    """`evspark generate in.fa | head -1`: no 'internal error: BrokenPipeError' line."""
+    from evspark_cli import cli
+
+    class ClosedPipe(io.StringIO):
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    err = io.StringIO()
+    saved = sys.argv, sys.stdout
+    sys.argv = ["evspark", "generate", str(masked_fa), "--model", str(random_model), "-n", "4",
+                *FAST]
+    sys.stdout = ClosedPipe()
+    try:
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as ei:
+            cli.main()
+    finally:
+        sys.argv, sys.stdout = saved
+    assert ei.value.code == 141
+    # nothing but the warning about the input's lower-case bases: no error, no summary
+    assert [ln.split(":")[1] for ln in err.getvalue().splitlines()] == [" warning"]
+
+
+def test_debug_env_gives_a_traceback(battery_models: Models, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("EVSPARK_DEBUG", "1")
+    r = run_cli(["generate", ok_fa(tmp_path), "--model", tmp_path / "nomodel", *FAST])
+    assert r.code == 3 and "Traceback" in r.err and "evspark: error: model folder" in r.err
+
+
+def test_same_command_and_seed_is_byte_identical(battery_models: Models, tmp_path: Path):
+    src = w(tmp_path, "in.fa", OK_FASTA + ">r3\nTTTAGGCATTACGGACTA\n")
+    outs = []
+    for k, seed in enumerate((7, 7, 8)):
+        out = tmp_path / f"o{k}.fa"
+        r = run_cli(["generate", src, "--model", battery_models.good, *FAST, "-n", 24, "--seed",
+                     seed, "--samples", 2, "-o", out])
+        assert r.code == 0, r.err
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    assert outs[0] != outs[2]  # the seed matters (so the check above could fail)

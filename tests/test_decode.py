@@ -1,6 +1,7 @@
 """Decoding: greedy speculative == native token for token, sampled identity == native, the
 clipped last round, seeding, slice vs replay, `evspark verify` (pass and planted failure),
-tie classification, the NaN guard and DecodeResult statistics.
+tie classification, the NaN guard and DecodeResult statistics; through `evspark generate`,
+greedy output that no --gamma or drafter changes, and the k-mer drafter on another vocabulary.
 
 Models: the phiX-trained tiny target (writes DNA, so the k-mer drafter is often accepted), the
 `random_tiny_dir` model (its top tokens echo the last input and add non-DNA ids) and a fully
@@ -9,12 +10,14 @@ randomized model (writes non-DNA ids: the k-mer drafter is almost never accepted
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tiny import shared_trained_tiny  # noqa: E402
+from battery import FAST, OK_FASTA, Models, w
+from tiny import random_tiny_dir, run_cli, shared_trained_tiny  # noqa: E402
 
 from evspark_cli.api import generate
 from evspark_cli.decode.drafters.base import RngKey
@@ -98,7 +101,7 @@ def test_test_models_behave_as_described(models, native_greedy):
 # ------------------------------------------------------------------------- greedy equality
 
 
-@pytest.mark.parametrize("rollback", ["slice", "replay"])
+@pytest.mark.parametrize("rollback", ["slice", pytest.param("replay", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("drafter", ["identity", "kmer"])
 @pytest.mark.parametrize("model_name", ["trained", "echo", "random"])
 def test_greedy_speculative_equals_native(models, native_greedy, model_name, drafter, rollback):
@@ -369,9 +372,9 @@ def test_nan_mid_generation_reported_at_its_position_natively(model_dirs):
 
 @pytest.mark.parametrize("drafter", ["identity", "kmer"])
 def test_nan_mid_generation_reported_at_its_position_speculatively(model_dirs, drafter):
-    """BUG (speculative.py, check_finite over the whole verification block): the error names the
-    block's first position, not the position whose logits are non-finite, so native and
-    speculative runs of the same faulty model report different positions."""
+    """Non-finite logits mid-generation are reported at the position whose logits are
+    non-finite, the same position native decoding reports, not at the first position of the
+    speculative verification block that holds them."""
     prompt = list(b"ACGTTGCAGC")
     for bad in (13, 17):
         m = _nan_from(load_model(model_dirs["trained"]), bad)
@@ -380,11 +383,10 @@ def test_nan_mid_generation_reported_at_its_position_speculatively(model_dirs, d
 
 
 def test_speculative_ignores_non_finite_logits_it_discards(model_dirs):
-    """BUG (speculative.py, check_finite over the whole verification block): logits that only
-    exist after a *rejected* draft -- a context native decoding never computes -- abort the run.
-    Here the target's logits are NaN right after any G is fed; greedy native decoding never emits
-    G, so it succeeds, but the k-mer drafter proposes G after a G-rich prompt and the speculative
-    run raises RunError instead of producing the same tokens."""
+    """Non-finite logits that only exist after a *rejected* draft (a context native decoding
+    never computes) do not abort a speculative run: it gives native decoding's tokens. Here the
+    target's logits are NaN right after any G is fed; greedy native decoding never emits G, while
+    the k-mer drafter proposes G after a G-rich prompt."""
     m = load_model(model_dirs["trained"])
     orig = m.extend
 
@@ -475,3 +477,32 @@ def test_all_finite_sees_every_non_finite_and_only_them(bad):
         x[7, 300] = bad
     assert all_finite(x) is (bad is None)
     assert all_finite(x[1:]) is (bad is None)
+
+
+# ------------------------------------------------ `evspark generate`: greedy and vocabularies
+
+
+def test_greedy_does_not_depend_on_gamma_or_drafter(battery_models: Models, tmp_path: Path):
+    src = w(tmp_path, "in.fa", OK_FASTA + ">r3\nTTTAGGCATTACGGACTA\n")
+    seqs = {}
+    for drafter, gamma in (("none", 1), ("kmer", 1), ("kmer", 4), ("kmer", 12), ("identity", 3),
+                           ("identity", 12)):
+        r = run_cli(["generate", src, "--model", battery_models.good, *FAST, "-n", 40, "--greedy",
+                     "--drafter", drafter, "--gamma", gamma, "--seed", gamma])
+        assert r.code == 0, r.err
+        seqs[(drafter, gamma)] = re.sub(r"(?m)^>.*$", "", r.out)
+    assert len(set(seqs.values())) == 1, seqs
+    # --top-k 1 is the same as --greedy, and sampling does differ from it
+    same = run_cli(["generate", src, "--model", battery_models.good, *FAST, "-n", 40, "--top-k", 1])
+    assert re.sub(r"(?m)^>.*$", "", same.out) == seqs[("none", 1)]
+    sampled = run_cli(["generate", src, "--model", battery_models.good, *FAST, "-n", 40])
+    assert re.sub(r"(?m)^>.*$", "", sampled.out) != seqs[("none", 1)]
+
+
+def test_kmer_drafter_follows_the_model_vocabulary(tmp_path, masked_fa):
+    m = random_tiny_dir(tmp_path / "v256", vocab_size=256)
+    for drafter in ("kmer", "auto"):
+        r = run_cli(["verify", masked_fa, "--model", m, "--drafter", drafter, "-n", 12, "-g", 4,
+                     *FAST])
+        assert r.code == 0, r.err
+        assert "non_tie_divergences=0" in r.out

@@ -6,6 +6,8 @@
 * training lowers the loss, resumes to exactly the uninterrupted run, and exports a folder
   `load_drafter` accepts, stamped with the target's weights hash;
 * `evspark distill` end to end on tiny sizes, then `evspark generate --drafter` with its folder.
+* shapes that cannot be built, a window longer than every record, a cache of another target or
+  a resume with another shape are one error line, and leave no half-built cache.
 """
 from __future__ import annotations
 
@@ -19,7 +21,14 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import PHIX, phix_genome, run_cli, trained_tiny_dir  # noqa: E402
+from tiny import (  # noqa: E402
+    PHIX,
+    one_line_error,
+    phix_genome,
+    random_tiny_dir,
+    run_cli,
+    trained_tiny_dir,
+)
 
 from evspark_cli.decode.drafters.base import RngKey  # noqa: E402
 from evspark_cli.decode.native import decode_native  # noqa: E402
@@ -304,3 +313,52 @@ def test_distill_cli_end_to_end_then_generate(target_dir, genome, tmp_path):
     code, _, err = run_cli(args)
     assert code == 0, err
     assert "resumed drafter training at step 20" in err
+
+
+# ------------------------------------------ `evspark distill` on inputs it cannot distill from
+
+
+Q = ["-q"]
+
+
+@pytest.mark.parametrize("opt", [["--width", "30"], ["--width", "0"], ["--layers", "0"],
+                                 ["--prefix", "-1"],
+                                 ["--natural-windows", "0", "--onpolicy-windows", "0"]])
+def test_distill_shapes_that_cannot_be_built(tmp_path, opt):
+    r = run_cli(["distill", "--model", tmp_path / "none", "--train", PHIX, "--cache",
+                 tmp_path / "c", "-o", tmp_path / "d", *opt, *Q])
+    one_line_error(r, 2)
+    assert not (tmp_path / "c").exists()
+
+
+def test_distill_refuses_a_cache_of_another_target_and_leaves_no_half_cache(tmp_path):
+    a = random_tiny_dir(tmp_path / "a", seed=0)
+    b = random_tiny_dir(tmp_path / "b", seed=1)
+    small = ["--natural-windows", "2", "--onpolicy-windows", "0", "--window", "64", "--steps", "1",
+             "--batch", "2", "--gamma", "2", "--width", "16", "--layers", "1", "--prefix", "8",
+             "--threads", "1", *Q]
+    # a window longer than every record: one line, and no half-built cache folder
+    r = run_cli(["distill", "--model", a, "--train", PHIX, "--cache", tmp_path / "c0",
+                 "-o", tmp_path / "d0", *small, "--window", "100000"])
+    one_line_error(r, 2)
+    assert not (tmp_path / "c0").exists()
+    r = run_cli(["distill", "--model", a, "--train", PHIX, "--cache", tmp_path / "c",
+                 "-o", tmp_path / "da", *small])
+    assert r.code == 0, r.err
+    r = run_cli(["distill", "--model", b, "--cache", tmp_path / "c", "-o", tmp_path / "db", *small])
+    one_line_error(r, 2)
+    assert not (tmp_path / "db").exists()
+    # resuming with another drafter shape
+    r = run_cli(["distill", "--model", a, "--cache", tmp_path / "c", "-o", tmp_path / "da",
+                 *small, "--width", "32", "--steps", "2"])
+    one_line_error(r, 3)
+    # a resumed distill replays the log rows past its checkpoint instead of duplicating them
+    log = tmp_path / "da.run" / "log.jsonl"
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1]
+    with open(log, "a") as f:
+        f.write(json.dumps({"step": 2, "loss": 9.0}) + "\n" + '{"step": 3, "lo')
+    r = run_cli(["distill", "--model", a, "--cache", tmp_path / "c", "-o", tmp_path / "da",
+                 *small, "--steps", "2"])
+    assert r.code == 0, r.err
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["step"] for x in rows] == [1, 2] and rows[1]["loss"] != 9.0

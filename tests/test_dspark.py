@@ -7,7 +7,8 @@
   one, is refused (ModelError, exit 3 from the CLI) unless --force-drafter;
 * greedy speculative decoding with it equals native decoding (short prompts included), its
   hidden-state prefix holds the target's own hidden states, and acceptance stays lossless when
-  the target puts mass outside the drafter's alphabet.
+  the target puts mass outside the drafter's alphabet;
+* a --gamma beyond the drafter's slots is refused before any record.
 """
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from battery import FAST  # noqa: E402
 from tiny import (  # noqa: E402
     PHIX,
+    one_line_error,
     phix_genome,
     random_tiny_dir,
     run_cli,
@@ -117,8 +120,8 @@ class OneRow:
         self.ctx = ctx
 
     def propose(self, state, anchor: int, gamma: int):
-        drafts, q = self.rows.propose(state, [anchor], [gamma]).row(0, gamma)
-        return Proposal(drafts[None], q[None])
+        prop = self.rows.propose(state, [anchor], [gamma])
+        return Proposal(prop.drafts[:1, :gamma], prop.q[:1, :gamma])
 
     @property
     def prefix(self):
@@ -179,6 +182,7 @@ def fasta(tmp_path_factory, genome) -> Path:
 # ---------------------------------------------------------------------- (1) q is the draw law
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", [SamplerConfig(1.0, 0, 1.0), SamplerConfig(0.8, 3, 0.95)],
                          ids=["T1-all", "T0.8-top3-p0.95"])
 def test_q_is_the_law_the_drafts_are_drawn_from(target, genome, sampler):
@@ -231,6 +235,7 @@ def test_q_is_the_law_the_drafts_are_drawn_from(target, genome, sampler):
     assert p2 > 1e-4, f"(d_1, d_2) frequencies disagree with q_1(d_1) q_2(d_2|d_1) (p={p2:.2e})"
 
 
+@pytest.mark.slow
 def test_chi_square_check_detects_a_wrong_q(target, genome):
     """Guard on the check above: the drafts are not distributed as the base logits alone say."""
     d = DSparkDrafter(random_net(1))
@@ -341,7 +346,7 @@ def test_a_drafter_folder_is_loaded_once_per_model_until_its_files_change(tmp_pa
     import os
 
     import evspark_cli.decode.drafters.dspark as dspark_module
-    from evspark_cli.api import resolve_drafter
+    from evspark_cli.decode.drafters.registry import resolve_drafter
 
     folder = save_drafter(random_net(6, target_hash=weights_hash(target_dir)), tmp_path / "d")
     loads = []
@@ -373,7 +378,7 @@ def evspark_generate(model, drafter) -> list[int]:
 
 def test_drafter_of_another_target_is_refused_unless_forced(tmp_path, target_dir, other_dir, target,
                                                            fasta):
-    from evspark_cli.api import resolve_drafter
+    from evspark_cli.decode.drafters.registry import resolve_drafter
 
     folder = save_drafter(random_net(5, target_hash=weights_hash(target_dir)), tmp_path / "d")
     other = load_model(other_dir)
@@ -466,6 +471,7 @@ def test_corrupt_drafter_folder_is_refused(tmp_path, how, target, target_dir, fa
 # ----------------------------------------------------------- (5) greedy speculative == native
 
 
+@pytest.mark.slow
 def test_greedy_speculative_decoding_equals_native(target, distilled, genome):
     drafters = {"distilled": distilled, "random": DSparkDrafter(random_net(8))}
     prompts = [genome[:1], genome[7:9], genome[50:53], genome[100:117], genome[500:560]]
@@ -508,6 +514,7 @@ def test_prefix_holds_the_targets_hidden_states_of_committed_positions(target, d
 # ------------------------------------------------- (6) lossless with target mass outside DNA
 
 
+@pytest.mark.slow
 def test_acceptance_is_lossless_when_the_target_puts_mass_on_n(target_dir, genome):
     """Make the target's N logit equal its A logit (so p̃(N) = p̃(A) > 0, where q is always 0):
     the first emitted token of speculative decoding must still follow p̃, N included."""
@@ -569,3 +576,24 @@ def test_batched_draws_equal_the_left_to_right_reference(target, sampler):
                     want_d, want_q = reference(row, state, a, g)
                     assert torch.equal(got.drafts[0], want_d), (seed, a, g)
                     assert torch.equal(got.q[0], want_q), (seed, a, g)
+
+
+# ------------------------------------------------------ (7) --gamma beyond the drafter's slots
+
+
+def test_gamma_beyond_the_drafters_slots_is_refused_up_front(tmp_path):
+    """The bundled dspark drafter has 16 slots: gamma 17 is a usage error before any record
+    (it used to fail every record and leave a .partial that --resume could not finish)."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "o.fa"
+    for cmd in (["generate", "-o", out], ["verify"]):
+        r = run_cli([cmd[0], root / "examples" / "prompts.fa", "-n", 32, "--gamma", 17,
+                     "--drafter", "dspark", *cmd[1:], *FAST])
+        assert "at most 16" in one_line_error(r, 2)
+    assert list(tmp_path.iterdir()) == []
+    ok = run_cli(["generate", root / "examples" / "prompts.fa", "-n", 8, "--gamma", 17,
+                  "--drafter", "dspark", *FAST])  # a round of 8 new tokens drafts at most 7
+    assert ok.code == 0, ok.err
+    r = run_cli(["bench", "-n", 32, "--n-prompts", 1, "-g", 17, "-o", tmp_path / "b", *FAST])
+    assert "at most 16" in one_line_error(r, 2)
+    assert list(tmp_path.iterdir()) == []

@@ -497,9 +497,9 @@ def test_model_loaded_under_inference_mode_runs(oracle, tmp_path):
     """A model whose parameters were created under torch.inference_mode (e.g. the CLI wraps
     loading and decoding in one inference_mode block) must run short LI blocks.
 
-    BUG (evspark_cli/model/hyena.py, HyenaFilter.li_toeplitz): the cache key reads
-    `self.log_poles._version`, which raises "Inference tensors do not track version counter"
-    for inference-mode parameters, so every extend/prefill block of <= 64 tokens crashes.
+    Checks HyenaFilter.li_toeplitz (evspark_cli/model/hyena.py) under inference-mode
+    parameters: a cache key read from `self.log_poles._version` would raise "Inference tensors do
+    not track version counter" and crash every extend/prefill block of <= 64 tokens.
     """
     from evspark_cli.model.checkpoint import save_model
 
@@ -531,15 +531,13 @@ def held_bytes(state: InferenceState) -> int:
 def test_prefill_state_does_not_pin_block_buffers(models):
     """The state left by a prefill must hold about state.nbytes(), not the prefill's buffers.
 
-    BUG (evspark_cli/model/state.py, FIRPending.commit): the committed FIR window is a view
-    `widened[..., j:j+K-1]`, which keeps the whole widened buffer (K-1+k columns) alive. After
-    a prefill chunk of k tokens every Hyena layer's state pins its (B, 3D, 2+k) featurizer and
-    (B, D, K-1+k) inner buffers: here ~6x the logical state for 4000 tokens; for Evo 2 7B with
-    prefill_chunk=8192 about 13 GB held by a state that reports 23.5 MiB, and the chunks of a
-    long prefill no longer bound its peak memory (all layers' buffers stay alive at once).
-    Fix: copy the slice when the buffer is much wider than the window (e.g. in FIRPending.commit
-    `w = self.widened[..., j:j + self.width]; return FIRWindow(w.clone() if
-    self.widened.shape[-1] > 2 * self.width + 64 else w)`), or compact the state in `prefill`.
+    Checks FIRPending.commit (evspark_cli/model/state.py): a committed FIR window kept as a view
+    `widened[..., j:j+K-1]` would keep the whole widened buffer (K-1+k columns) alive, so after a
+    prefill chunk of k tokens every Hyena layer's state would pin its (B, 3D, 2+k) featurizer and
+    (B, D, K-1+k) inner buffers: ~6x the logical state for 4000 tokens here, about 13 GB behind
+    a state reporting 23.5 MiB for Evo 2 7B with prefill_chunk=8192, and the chunks of a long
+    prefill would no longer bound its peak memory. The state must hold at most 1.5x what
+    state.nbytes() reports (a clone exactly that).
     """
     model = models["stripe"]
     _, _, st = model.prefill(rand_ids(4000, seed=13), reserve=0)

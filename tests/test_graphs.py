@@ -88,6 +88,7 @@ def test_model_made_under_inference_mode_still_records(make_model):
     assert graphed.graphs.disabled_reason is None and graphed.graphs.replays > 0
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit internals inductor calls
 def test_compile_backend_equals_eager_across_prompts_and_decoders(make_model, monkeypatch):
     """`--compile` (CPU): the static form through torch.compile gives eager's logits, states and
@@ -186,6 +187,7 @@ def test_capture_failure_falls_back_to_eager_once(pair, monkeypatch, capsys):
     assert not graphed.graphs.takes(graphed.prefill(ids(5, 8))[2], ids(1, 9))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", [SamplerConfig(1.0, 1, 1.0), SamplerConfig(0.9, 4, 0.95)],
                          ids=["greedy", "sampled"])
 @pytest.mark.parametrize("rollback", ["slice", "replay"])

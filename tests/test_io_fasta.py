@@ -1,4 +1,10 @@
-"""Tests for evspark_cli.io.fasta: every bad input is one InputError line, good inputs agree."""
+"""FASTA input (evspark_cli.io.fasta): every bad input is one InputError line, good inputs agree.
+
+The reader in the library and through `evspark generate` (the bad-input cases of
+tests/RELIABILITY.md: one error line, the exit code, nothing written), odd inputs (a BOM, RNA and
+IUPAC codes, control characters in ids, a non-UTF-8 stdin, endless or very long records read in
+bounded memory), and one fuzzer of the reader.
+"""
 from __future__ import annotations
 
 import csv
@@ -7,7 +13,9 @@ import io
 import itertools
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,10 +25,32 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evspark_cli.errors import InputError
-from evspark_cli.io.fasta import IUPAC, Prompt, parse_region, read_prompts
+from evspark_cli.io.fasta import IUPAC, read_prompts
+from evspark_cli.io.regions import parse_region
+from evspark_cli.io.types import Prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import SHARED  # noqa: E402
+from battery import (  # noqa: E402
+    FAST,
+    FASTA,
+    OK_FASTA,
+    Case,
+    Models,
+    bounded,
+    case_ids,
+    check_bad_input,
+    child_env,
+    fasta_file,
+    gen_on,
+    ok_fa,
+    only_error_line,
+    record,
+    refused,
+    show,
+    w,
+    worked,
+)
+from tiny import SHARED, run_cli  # noqa: E402
 
 DATA = SHARED / "data"
 PHIX = DATA / "valid" / "phiX174.fa.gz"
@@ -116,8 +146,8 @@ BAD_INPUTS = [
      "duplicate record id 'a' (twice in"),
     ("duplicate ids across files", _two_files_same_id, {}, "duplicate record id 'dup' (in"),
     ("prompt_tail 0", _file(">a\nACGT\n"), {"prompt_tail": 0},
-     "--prompt-tail must be an integer >= 1"),
-    ("prompt_tail negative", _file(">a\nACGT\n"), {"prompt_tail": -3}, "--prompt-tail"),
+     "prompt_tail must be an integer >= 1"),
+    ("prompt_tail negative", _file(">a\nACGT\n"), {"prompt_tail": -3}, "prompt_tail"),
     ("stdin twice", lambda t: ["-", "-"], {}, "only once"),
     ("no inputs", lambda t: [], {}, "no input"),
     # regions
@@ -188,7 +218,7 @@ def test_unreadable_file(tmp_path: Path) -> None:
 def test_permission_denied_is_translated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 
-    import evspark_cli.io.fasta as fasta_mod
+    import evspark_cli.io.streams as streams_mod
 
     p = tmp_path / "locked.fa"
     p.write_text(">a\nACGT\n")
@@ -198,7 +228,7 @@ def test_permission_denied_is_translated(tmp_path: Path, monkeypatch: pytest.Mon
             raise PermissionError(13, "Permission denied", str(file))
         return builtins.open(file, *a, **k)
 
-    monkeypatch.setattr(fasta_mod, "open", fake_open, raising=False)
+    monkeypatch.setattr(streams_mod, "open", fake_open, raising=False)
     for regions in (None, ["a"]):
         with pytest.raises(InputError, match=r"locked\.fa: permission denied"):
             read_prompts([str(p)], regions=regions, index_dir=str(tmp_path / "i"))
@@ -206,7 +236,7 @@ def test_permission_denied_is_translated(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_default_index_dir_falls_back_to_temp(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from evspark_cli.io.fasta import default_index_dir
+    from evspark_cli.io.indexed import default_index_dir
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))  # cannot create a folder in a file
@@ -414,7 +444,7 @@ def test_shared_prompts_match_tsv(tmp_path: Path) -> None:
         assert [p.id for p in out] == [r["region"] for r in group]
 
 
-# --------------------------------------------------------------------------- property tests
+# --------------------------------------------------------------------------- the fuzzer
 
 @pytest.fixture(scope="module")
 def fuzz_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -425,6 +455,8 @@ _counter = itertools.count()
 
 
 def _only_input_errors(fuzz_dir: Path, content: bytes, regions: list[str] | None = None) -> None:
+    """`content`, as a FASTA file, is read or refused with one InputError line; what is read is
+    records with distinct ids, non-empty and without whitespace, and non-empty IUPAC sequences."""
     p = fuzz_dir / f"f{next(_counter)}.fa"
     p.write_bytes(content)
     try:
@@ -433,6 +465,7 @@ def _only_input_errors(fuzz_dir: Path, content: bytes, regions: list[str] | None
         assert "\n" not in str(e) and str(e)
         return
     assert out and all(isinstance(x, Prompt) and x.seq and set(x.seq) <= IUPAC for x in out)
+    assert all(x.id and not any(c.isspace() for c in x.id) for x in out)
     assert len({x.id for x in out}) == len(out)
 
 
@@ -456,46 +489,57 @@ _records = st.tuples(
     st.lists(_record, min_size=1, max_size=4)
 ).map(lambda pr: pr[0] + "".join(">" + h + "\n" + "".join(line + "\n" for line in lines)
                                  for h, lines in pr[1]))
-near_fasta = st.one_of(_line_soup, _records, _records)
-
-
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.binary(max_size=200))
-def test_fuzz_random_bytes(fuzz_dir: Path, data: bytes) -> None:
-    _only_input_errors(fuzz_dir, data)
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=near_fasta, how=st.sampled_from(["plain", "gzip", "bgzf", "cut-gzip"]))
-def test_fuzz_near_fasta(fuzz_dir: Path, text: str, how: str) -> None:
-    raw = text.encode("utf-8", "surrogatepass")
-    if how == "gzip":
-        raw = gzip.compress(raw)
-    elif how == "cut-gzip":
-        raw = gzip.compress(raw)[: max(1, len(raw) // 2)]
-    elif how == "bgzf":
-        buf = io.BytesIO()
-        with bgzf.BgzfWriter(fileobj=buf) as w:
-            w.write(raw)
-            w.flush()
-            raw = buf.getvalue()
-    _only_input_errors(fuzz_dir, raw)
-
-
+_tokens = st.lists(st.sampled_from([">", ">r1", ">r2 d", ">r1:1-5", "ACGT", "acgtn", "NNRY", "X",
+                                    "-", "*", " ", "\t", "\n", "\r\n", "\x00", "é", ";", ">\n",
+                                    "U", "\ufeff"]),
+                   max_size=40).map("".join)
+near_fasta = st.one_of(_line_soup, _records, _records, _tokens)
+_content = st.one_of(
+    st.binary(max_size=400),  # random bytes
+    st.binary(max_size=400).map(lambda b: b">r\n" + b),  # a header, then random bytes
+    near_fasta.map(lambda text: text.encode("utf-8", "surrogatepass")),
+    near_fasta.map(lambda text: text.encode("utf-8", "surrogatepass")),
+)
 region_text = st.one_of(
     st.sampled_from(["a", "b", "a:1-2", "a:1", "a:2-1", "a:0-1", "b:1,0-2,0", "a:1-999", "zz",
                      "a:x", ":1-2", "a:"]),
     st.text(alphabet="ab:-,0123456789 ", max_size=10),
 )
+_regions = st.one_of(
+    st.none(), st.none(),
+    st.sampled_from([["r1"], ["r1:2-3"], ["r2:1"], ["r1:1-5", "r2"]]),
+    st.lists(region_text, min_size=1, max_size=3),
+)
+_WIDE_AB = WIDE.replace("rec", "").replace("1", "a").replace("2", "b").encode()
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=near_fasta, regions=st.lists(region_text, min_size=1, max_size=3))
-def test_fuzz_regions(fuzz_dir: Path, text: str, regions: list[str]) -> None:
-    _only_input_errors(fuzz_dir, text.encode("utf-8", "surrogatepass"), regions)
-    _only_input_errors(fuzz_dir,
-                       WIDE.replace("rec", "").replace("1", "a").replace("2", "b").encode(),
-                       regions)
+def _packed(raw: bytes, how: str) -> bytes:
+    """`raw` as a file holds it: plain, gzip, BGZF, or a gzip cut in the middle."""
+    if how == "gzip":
+        return gzip.compress(raw)
+    if how == "cut-gzip":
+        return gzip.compress(raw)[: max(1, len(raw) // 2)]
+    if how == "bgzf":
+        buf = io.BytesIO()
+        with bgzf.BgzfWriter(fileobj=buf) as out:
+            out.write(raw)
+            out.flush()
+            return buf.getvalue()
+    return raw
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(content=_content, how=st.sampled_from(["plain", "gzip", "bgzf", "cut-gzip"]),
+       regions=_regions)
+def test_fuzz_fasta_reader(fuzz_dir: Path, content: bytes, how: str,
+                           regions: list[str] | None) -> None:
+    """The FASTA fuzzer: random bytes (bare or after a header) and near-FASTA text (line soup,
+    records with odd lines, runs of FASTA tokens with CR LF, a BOM, NUL, U, é), each plain, gzip,
+    BGZF or a cut gzip, read whole or by regions (fuzzed ones too, which a valid fixed-width file
+    is also read by): every outcome is records or one InputError line."""
+    _only_input_errors(fuzz_dir, _packed(content, how), regions)
+    if regions:
+        _only_input_errors(fuzz_dir, _WIDE_AB, regions)
 
 
 def test_parse_region_examples() -> None:
@@ -523,3 +567,209 @@ def test_copy_of_phix_in_writable_folder_gets_no_neighbour_index(tmp_path: Path)
     shutil.copy(PHIX, f)
     read_prompts([str(f)], regions=["NC_001422.1:10-20"], index_dir=str(tmp_path / "c"))
     assert sorted(os.listdir(tmp_path)) == ["c", "phix.fa.gz"]
+
+
+# ------------------------------------------------- the command line on bad FASTA input (battery)
+
+
+def truncated_gzip(d: Path) -> Path:
+    data = gzip.compress((">r1\n" + "ACGT" * 5000 + "\n").encode())
+    return w(d, "cut.fa.gz", data[: len(data) // 2])
+
+
+BAD_INPUT_CASES: list[Case] = [
+    Case("missing file", lambda d, m: ["generate", d / "nope.fa", "--model", m.good, *FAST],
+         2, r"nope\.fa: no such file"),
+    Case("directory instead of a file", lambda d, m: ["generate", d, "--model", m.good, *FAST],
+         2, r"is a directory, not a FASTA file"),
+    Case("empty file", gen_on(lambda d: w(d, "empty.fa", "")), 2,
+         r"empty\.fa: is empty: no FASTA records"),
+    Case("text that is not FASTA", gen_on(lambda d: w(d, "notes.txt", "Sample sheet\nlane 1\n")),
+         2, r"notes\.txt: not FASTA: line 1 should start with '>'"),
+    Case("FASTA with no sequence", gen_on(lambda d: w(d, "hdr.fa", ">r1\n>r2\n")),
+         2, r"record 'r1' in \S*hdr\.fa is empty"),
+    Case("record with only whitespace, --strict",
+         gen_on(lambda d: w(d, "ws.fa", ">r1\nACGT\n>r2\n   \n\t \n"), "--strict"),
+         2, r"record 'r2' in \S*ws\.fa is empty \(no sequence\); --strict refuses"),
+    Case("letters outside IUPAC",
+         gen_on(lambda d: w(d, "bad.fa", ">r1\nACGT\n>r2 x\nACGTNNRY\nACJT\n")),
+         2, r"record 'r2' in \S*bad\.fa: invalid character 'J' at position 11"),
+    Case("NUL byte", gen_on(lambda d: w(d, "nul.fa", b">r1\nACGT\nAC\x00GT\n")),
+         2, r"nul\.fa: NUL byte at line 3"),
+    Case("truncated gzip", gen_on(truncated_gzip), 2, r"cut\.fa\.gz: truncated or corrupt gzip"),
+    Case("binary file (not UTF-8)", gen_on(lambda d: w(d, "bin.fa", b">r1\nAC\xff\xfeGT\n")),
+         2, r"bin\.fa: not UTF-8 text"),
+    Case("duplicate record ids",
+         gen_on(lambda d: w(d, "dup.fa", ">r1\nACGT\n>r2\nAC\n>r1 again\nGG\n")),
+         2, r"duplicate record id 'r1'"),
+    Case("duplicate ids across files",
+         lambda d, m: ["generate", ok_fa(d), w(d, "more.fa", ">r2\nACGT\n"), "--model", m.good,
+                       *FAST],
+         2, r"duplicate record id 'r2' \(in \S*ok\.fa and in \S*more\.fa\)"),
+    Case("stdin given twice", lambda d, m: ["generate", "-", "-", "--model", m.good, *FAST],
+         2, r"'-' \(standard input\) can be given only once", stdin=OK_FASTA.encode()),
+    Case("empty stdin", lambda d, m: ["generate", "-", "--model", m.good, *FAST], 2,
+         r"-: is empty"),
+    Case("prompt longer than the context", lambda d, m: [
+        "generate", w(d, "long.fa", ">long\n" + "ACGT" * 20 + "\n"), "--model", m.short, *FAST,
+        "-n", 4],
+        2, r"record 'long' in \S*long\.fa is longer than the model's context \(64 bases\); "
+           r"use --prompt-tail"),
+    Case("prompt plus -n longer than the context", lambda d, m: [
+        "generate", w(d, "long.fa", ">long\n" + "ACGT" * 15 + "\n"), "--model", m.short, *FAST,
+        "-n", 8],
+        2, r"record 'long': prompt of 60 bases \+ 8 new tokens exceeds the model's context of 64; "
+           r"use --prompt-tail"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_INPUT_CASES, ids=case_ids(BAD_INPUT_CASES))
+def test_bad_input(case: Case, battery_models: Models, tmp_path: Path):
+    """`evspark generate` on each bad input: the exit code, one error line, nothing written."""
+    check_bad_input(case, battery_models, tmp_path)
+
+
+def test_prompt_tail_fixes_the_long_prompt(battery_models: Models, tmp_path: Path):
+    src = w(tmp_path, "long.fa", ">long\n" + "ACGT" * 20 + "\n")
+    r = run_cli(["generate", src, "--model", battery_models.short, *FAST, "-n", 4,
+                 "--prompt-tail", 40])
+    assert r.code == 0, r.err
+    assert r.out.startswith(">long.cont ") and "new_tokens=4 prompt=long:41-80\n" in r.out
+
+
+# --------------------------------------- odd inputs: BOM, IUPAC and RNA, control characters, ...
+
+
+def test_a_bom_is_read_the_same_on_every_path(phix_model: Path, tmp_path: Path):
+    import gzip
+
+    text = "\ufeff" + FASTA
+    src = fasta_file(tmp_path, "bom.fa", text)
+    ref = run_cli(["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4]).out
+    assert run_cli(["generate", src, "--model", phix_model, *FAST, "-n", 4]).out == ref
+    gz = tmp_path / "bom.fa.gz"
+    gz.write_bytes(gzip.compress(text.encode()))
+    assert run_cli(["generate", gz, "--model", phix_model, *FAST, "-n", 4]).out == ref
+    r = worked("UTF-8 BOM on stdin", ["generate", "-", "--model", phix_model, *FAST, "-n", 4],
+               tmp_path, "same records as without the BOM", stdin=text.encode(), MODEL=phix_model)
+    assert r.out == ref
+
+
+def test_iupac_policy_and_rna(phix_model: Path, tmp_path: Path):
+    from evspark_cli.io.fasta import read_prompts
+
+    src = fasta_file(tmp_path, "amb.fa", ">n1\nACGUNNRYacgun\n")
+    keep = read_prompts([str(src)])[0].seq
+    assert keep == "ACGTNNRYACGTN"  # U is T; the codes stay
+    rnd = read_prompts([str(src)], iupac="random")[0].seq
+    assert rnd[:4] == "ACGT" and set(rnd) <= set("ACGT")
+    assert rnd[5] in "ACGT" and rnd[6] in "AG" and rnd[7] in "CT"
+    assert read_prompts([str(src)], iupac="random")[0].seq == rnd  # the same every time
+    refused("--iupac error on an N", ["generate", src, "--model", phix_model, *FAST, "-n", 4,
+                                      "--iupac", "error"], 2,
+            r"record 'n1' in \S*amb\.fa: ambiguous base 'N' at position 5 \(--iupac error "
+            r"accepts only A, C, G, T\)", tmp_path, MODEL=phix_model)
+    r = worked("RNA and ambiguity codes with --iupac random --include-prompt",
+               ["generate", src, "--model", phix_model, *FAST, "-n", 4, "--iupac", "random",
+                "--include-prompt"], tmp_path, "prompt written as " + rnd, MODEL=phix_model)
+    assert r.out.splitlines()[1].startswith(rnd)
+    refused("--iupac unknown", ["generate", src, "--model", phix_model, *FAST, "-n", 4, "--iupac",
+                                "drop"], 2, r"--iupac must be keep, error, random, got 'drop'",
+            tmp_path, MODEL=phix_model)
+
+
+def test_control_characters_in_ids_are_escaped(short_model: Path, tmp_path: Path):
+    src = fasta_file(tmp_path, "ansi.fa", ">\x1b[31mRED\x1b[0m\n" + "ACGT" * 15 + "\n")
+    r = run_cli(["generate", src, "--model", short_model, *FAST, "-n", 8])
+    line = only_error_line(r.err)
+    record("hostile", "ANSI escape in a record id",
+           show(["generate", "ansi.fa", "--model", short_model, *FAST, "-n", 8], tmp_path,
+                MODEL_CTX64=short_model), r.code, line)
+    assert r.code == 2 and "\x1b" not in r.err
+    assert line.startswith(r"evspark: error: record '\x1b[31mRED\x1b[0m': prompt of 60 bases")
+
+
+def test_non_utf8_header_on_stdin_fails_before_the_model(phix_model: Path, tmp_path: Path):
+    """Under the C locale Python decodes stdin with surrogateescape: read as bytes instead."""
+    p = subprocess.run([sys.executable, "-m", "evspark_cli.cli", "generate", "-", "--model",
+                        str(phix_model), *FAST, "-n", "4", "-o", "out.fa"],
+                       input=b">r\xff\xfe1\nACGTACGT\n", capture_output=True, cwd=tmp_path,
+                       env=child_env(LC_ALL="C", LANG="C"), timeout=120)
+    line = only_error_line(p.stderr.decode())
+    record("hostile", "non-UTF-8 header on stdin",
+           show(["generate", "-", "--model", phix_model, *FAST, "-n", 4, "-o", "out.fa"], tmp_path,
+                MODEL=phix_model) + " (C locale)", p.returncode, line)
+    assert p.returncode == 2 and "-: not UTF-8 text (byte 0xff near line 1)" in line, line
+    assert not list(tmp_path.glob("out.fa*"))
+
+
+@pytest.mark.slow
+def test_endless_input_is_refused_in_bounded_memory(phix_model: Path, tmp_path: Path, normal_peak):
+    bounded("generate /dev/zero", ["generate", "/dev/zero", "--model", phix_model, *FAST, "-n", 4],
+            2, r"/dev/zero: NUL byte at line 1", tmp_path, normal_peak, MODEL=phix_model)
+    endless = subprocess.Popen(["sh", "-c", "echo '>r'; yes ACGTACGTACGTACGTACGTACGTACGTACGT"],
+                               stdout=subprocess.PIPE)
+    try:
+        bounded("endless record on stdin (no newline limit, no NUL)",
+                ["generate", "-", "--model", phix_model, *FAST, "-n", 4], 2,
+                r"record 'r' in - is longer than the model's context \(4,096 bases\); use "
+                r"--prompt-tail N", tmp_path, normal_peak, stdin=endless.stdout, MODEL=phix_model)
+    finally:
+        endless.kill()
+        endless.wait()
+
+
+def test_a_tail_of_a_long_line_is_read_streaming(phix_model: Path, tmp_path: Path):
+    """--prompt-tail holds the tail, not the record: a 10 Mi-base line reads in a few MiB."""
+    import tracemalloc
+
+    from evspark_cli.io.fasta import read_prompts
+
+    long = tmp_path / "long.fa"
+    with open(long, "w") as f:
+        f.write(">chr\n")
+        for _ in range(5):
+            f.write("ACGT" * (1 << 19))  # one 10 Mi-base line
+        f.write("GATTACA\n")
+    tracemalloc.start()
+    try:
+        (p,) = read_prompts([str(long)], prompt_tail=11)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert p.seq == "ACGTGATTACA"
+    assert peak < 8 << 20, f"{peak >> 20} MiB held to keep 11 bases"
+    worked("--prompt-tail of a 10 Mbp one-line record",
+           ["generate", long, "--model", phix_model, *FAST, "-n", 4, "--prompt-tail", 100],
+           tmp_path, "1 record of 4 tokens", MODEL=phix_model)
+
+
+# ---------------------------------------------------------- valid FASTA through `generate`
+
+
+RECORD_ID = st.text(st.sampled_from("abcXYZ0189_.|-:"), min_size=1, max_size=12)
+
+
+VALID_FASTA = st.lists(
+    st.tuples(RECORD_ID, st.text(st.sampled_from("ACGTacgt"), min_size=1, max_size=90),
+              st.integers(1, 80)),
+    min_size=1, max_size=4, unique_by=lambda r: r[0])
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(VALID_FASTA)
+def test_fuzz_valid_fasta_round_trips_through_generate(battery_models, records):
+    from Bio import SeqIO
+
+    text = "".join(f">{rid}\n" + "\n".join(seq[i:i + wd] for i in range(0, len(seq), wd)) + "\n"
+                   for rid, seq, wd in records)
+    with tempfile.TemporaryDirectory() as t:
+        src, out = w(Path(t), "in.fa", text), Path(t) / "out.fa"
+        r = run_cli(["generate", src, "--model", battery_models.good, *FAST, "-n", 2,
+                     "--include-prompt", "-o", out])
+        assert r.code == 0, r.err
+        got = [(rec.id, str(rec.seq)) for rec in SeqIO.parse(out, "fasta")]
+    assert [g[0] for g in got] == [f"{rid}.ext" for rid, _s, _w in records]
+    for (rid, seq, _w), (_gid, gseq) in zip(records, got):
+        assert gseq[: len(seq)] == seq.upper() and len(gseq) == len(seq) + 2

@@ -1,17 +1,45 @@
-"""Tests for evspark_cli.io.writers (partial/resume/rename) and evspark_cli.io.shard."""
+"""Outputs: evspark_cli.io.writers (partial/resume/rename) and evspark_cli.io.shard.
+
+The writers in the library, and through `evspark generate`: the bad output paths of
+tests/RELIABILITY.md, outputs that are an input by another path (a bind mount, a hard link) or
+each other, and `.partial` files that are symlinks, in use by a live run, or replaced under it.
+"""
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from battery import (
+    FAST,
+    FASTA,
+    Case,
+    Models,
+    case_ids,
+    check_bad_input,
+    child_env,
+    fasta_file,
+    gen,
+    only_error_line,
+    record,
+    refused,
+    ro_dir,
+    shorten,
+    show,
+    w,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny import one_line_error, run_cli
 
-from evspark_cli.errors import InputError
+from evspark_cli.errors import InputError, SettingError
 from evspark_cli.io.fasta import read_prompts
 from evspark_cli.io.shard import parse_shard, select_shard
 from evspark_cli.io.writers import FastaOutput, StatsOutput, check_output_path
@@ -65,7 +93,7 @@ def test_no_finish_means_no_output(tmp_path: Path) -> None:
 
 def test_existing_partial_needs_resume(tmp_path: Path) -> None:
     (tmp_path / "o.fa.partial").write_text(">a\nAC\n")
-    with pytest.raises(InputError, match=r"o\.fa\.partial exists .*--resume.* or delete it"):
+    with pytest.raises(InputError, match=r"o\.fa\.partial exists .*pass resume.* or delete it"):
         FastaOutput(str(tmp_path / "o.fa"))
 
 
@@ -116,7 +144,7 @@ def test_resume_with_other_line_width_is_an_error(tmp_path: Path) -> None:
     out = FastaOutput(str(tmp_path / "o.fa"), line_width=4)
     write_all(out)
     out.close()
-    with pytest.raises(InputError, match="line-width"):
+    with pytest.raises(InputError, match="line_width"):
         FastaOutput(str(tmp_path / "o.fa"), line_width=6, resume=True)
 
 
@@ -169,7 +197,7 @@ def test_fasta_write_misuse(tmp_path: Path) -> None:
                      ("v", "", ">AC")]:
             with pytest.raises(ValueError):
                 out.write(*args)
-    with pytest.raises(InputError, match="line-width"):
+    with pytest.raises(InputError, match="line_width"):
         FastaOutput(str(tmp_path / "p.fa"), line_width=-1)
 
 
@@ -271,7 +299,7 @@ def test_stats_resume(tmp_path: Path, ext: str) -> None:
     out.close()
     with open(f"{path}.partial", "ab") as f:
         f.write(b"r3\t0\t6" if ext == "tsv" else b'{"record_id": "r3", "sam')
-    with pytest.raises(InputError, match="--resume"):
+    with pytest.raises(InputError, match="pass resume"):
         StatsOutput(str(path), COLUMNS)
     with StatsOutput(str(path), COLUMNS, resume=True) as out:
         assert out.done_ids == {"r1", "r2"} and len(out.done_rows) == 2
@@ -307,8 +335,9 @@ def test_parse_shard_ok(text: str, want: tuple[int, int]) -> None:
 @pytest.mark.parametrize("text",
                          ["3/2", "0/2", "a/b", "1", "1/0", "0/0", "-1/2", "1/2/3", "", "1.0/2"])
 def test_parse_shard_bad(text: str) -> None:
-    with pytest.raises(InputError, match="--shard"):
+    with pytest.raises(SettingError, match="^shard ") as e:
         parse_shard(text)
+    assert e.value.render(lambda s: "--" + s).startswith("--shard ")
 
 
 @settings(max_examples=60, deadline=None)
@@ -323,3 +352,186 @@ def test_shards_cover_exactly_once(items: list[int]) -> None:
             assert part == sorted(part) and all(k % n == i - 1 for k, _ in part)
         sizes = [len(p) for p in parts]
         assert max(sizes) - min(sizes) <= 1
+
+
+# ------------------------------------------- the command line on bad output paths (battery)
+
+
+BAD_INPUT_CASES: list[Case] = [
+    Case("--stats with an unknown extension",
+         lambda d, m: [*gen()(d, m), "-o", d / "out.fa", "--stats", d / "out.csv"], 2,
+         r"--stats \S*out\.csv: use a \.tsv or \.jsonl", outputs=False),
+    Case("output in a missing directory",
+         lambda d, m: [*gen()(d, m), "-o", d / "no/such/out.fa"], 2,
+         r"out\.fa: output directory \S+ does not exist", outputs=False),
+    Case("output without write permission",
+         lambda d, m: [*gen()(d, m), "-o", ro_dir(d) / "out.fa"],
+         2, r"out\.fa: output directory \S*readonly is not writable", outputs=False,
+         note="as root: run in a private mount namespace with the folder bind-mounted read-only"),
+    Case("output path is an existing directory", lambda d, m: [*gen()(d, m), "-o", d], 2,
+         r"is a directory; give an output file name", outputs=False),
+    Case("leftover .partial without --resume",
+         lambda d, m: [*gen()(d, m), "-o", w(d, "out.fa.partial", ">x\nAC\n").with_suffix("")],
+         2, r"out\.fa\.partial exists .*pass --resume", outputs=False),
+    Case("leftover stats .partial without --resume",
+         lambda d, m: [*gen()(d, m), "-o", d / "out.fa", "--stats",
+                       w(d, "out.tsv.partial", "record_id\n").with_suffix("")],
+         2, r"out\.tsv\.partial exists .*pass --resume", outputs=False),
+    Case("--resume to stdout", gen("--resume"), 2, r"--resume needs an output file", outputs=False),
+]
+
+
+@pytest.mark.parametrize("case", BAD_INPUT_CASES, ids=case_ids(BAD_INPUT_CASES))
+def test_bad_input(case: Case, battery_models: Models, tmp_path: Path):
+    """`evspark generate` with each bad output: the exit code, one error line, nothing written."""
+    check_bad_input(case, battery_models, tmp_path)
+
+
+# ------------------------------------------------------------- another path to an input
+
+
+def _can_bind_mount() -> bool:
+    if not shutil.which("unshare") or os.geteuid() != 0:
+        return False
+    with tempfile.TemporaryDirectory() as t:
+        a, b = Path(t, "a"), Path(t, "b")
+        a.mkdir(), b.mkdir()
+        p = subprocess.run(["unshare", "--mount", "sh", "-c", 'mount --bind "$0" "$1"', a, b],
+                           capture_output=True)
+        return p.returncode == 0
+
+
+@pytest.mark.skipif(not _can_bind_mount(), reason="needs root and unshare for a bind mount")
+def test_output_through_a_bind_mount_of_the_input_is_refused(phix_model: Path, tmp_path: Path):
+    data, alias = tmp_path / "data", tmp_path / "alias"
+    data.mkdir(), alias.mkdir()
+    src = fasta_file(data)
+    before = src.read_bytes()
+    args = ["generate", "data/in.fa", "--model", phix_model, *FAST, "-n", 4, "-o", "alias/in.fa"]
+    p = subprocess.run(["unshare", "--mount", "sh", "-c",
+                        'mount --bind data alias && exec "$@"', "sh", sys.executable, "-m",
+                        "evspark_cli.cli", *map(str, args)],
+                       capture_output=True, text=True, cwd=tmp_path, env=child_env(),
+                       timeout=120)
+    line = only_error_line(p.stderr)
+    record("hostile", "output is the input through a bind mount",
+           show(args, tmp_path, MODEL=phix_model) + " (alias/ a bind mount of data/)",
+           p.returncode, shorten(line, tmp_path))
+    assert p.returncode == 2, p.stderr
+    assert re.search(r"--output alias/in\.fa is also an input \(data/in\.fa\)", line), line
+    assert src.read_bytes() == before
+
+
+def test_output_hard_linked_to_the_input_is_refused(phix_model: Path, tmp_path: Path):
+    src = fasta_file(tmp_path)
+    os.link(src, tmp_path / "same.fa")
+    refused("output is a hard link to the input",
+            ["generate", src, "--model", phix_model, *FAST, "-n", 4, "-o", tmp_path / "same.fa"],
+            2, r"--output \S*same\.fa is also an input", tmp_path, MODEL=phix_model)
+    assert src.read_text() == FASTA
+
+
+def test_outputs_never_overwrite_an_input_or_each_other(tmp_path, random_model, masked_fa):
+    before = masked_fa.read_text()
+    r = run_cli(["generate", masked_fa, "--model", random_model, "-n", 4, "-o", masked_fa, *FAST])
+    assert "also an input" in one_line_error(r, 2)
+    assert masked_fa.read_text() == before
+    same = tmp_path / "o.tsv"
+    r = run_cli(["generate", masked_fa, "--model", random_model, "-n", 4, "-o", same, "--stats",
+                 same, *FAST])
+    assert "same file" in one_line_error(r, 2)
+    r = run_cli(["score", masked_fa, "--model", random_model, "-o", same, "--logits", same, *FAST])
+    assert "same file" in one_line_error(r, 2)
+    r = run_cli(["verify", masked_fa, "--model", random_model, "-n", 4, "--report", masked_fa,
+                 *FAST])
+    assert "also an input" in one_line_error(r, 2)
+    assert masked_fa.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.fa"]
+
+
+def test_output_named_like_the_stats_partial_is_refused(phix_model: Path, tmp_path: Path):
+    refused("-o X.tsv.partial --stats X.tsv",
+            ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4, "-o",
+             tmp_path / "X.tsv.partial", "--stats", tmp_path / "X.tsv"], 2,
+            r"--output \S*X\.tsv\.partial and --stats \S*X\.tsv would both write "
+            r"\S*X\.tsv\.partial", tmp_path, MODEL=phix_model)
+    assert not list(tmp_path.glob("X.tsv*"))
+
+
+# ------------------------------------------------ a symlinked, live or replaced .partial
+
+
+@pytest.mark.parametrize("resume", [True, False], ids=["resume", "fresh"])
+def test_symlinked_partial_is_never_followed(phix_model: Path, tmp_path: Path, resume: bool):
+    victim = fasta_file(tmp_path, "victim.fa", ">v1\nAAAA\n>v2\nCCCC\n")
+    (tmp_path / "out.fa.partial").symlink_to(victim)
+    args = ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4, "-o",
+            tmp_path / "out.fa", *(["--resume"] if resume else [])]
+    refused(f"symlinked .partial{' with --resume' if resume else ''}", args, 2,
+            r"out\.fa\.partial is a symbolic link; refusing to follow it", tmp_path,
+            MODEL=phix_model)
+    assert victim.read_text() == ">v1\nAAAA\n>v2\nCCCC\n"
+    assert not (tmp_path / "out.fa").exists()
+
+
+HOLDER = """
+import sys, time
+from evspark_cli.io.writers import FastaOutput
+out = FastaOutput(sys.argv[1])
+out.write("a", "evspark", "ACGT")
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_live_partial_is_in_use_by_its_process(phix_model: Path, tmp_path: Path):
+    out = tmp_path / "out.fa"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,
+                              text=True, env=child_env())
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        for resume in ([], ["--resume"]):
+            refused("second run on a live .partial" + (" with --resume" if resume else ""),
+                    ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4,
+                     "-o", out, *resume],
+                    2, rf"out\.fa\.partial is in use by process {holder.pid} \(a run writing "
+                       r"\S*out\.fa\); wait for it to finish or stop it", tmp_path,
+                    MODEL=phix_model)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert (tmp_path / "out.fa.partial").read_text() == ">a evspark\nACGT\n"
+
+
+def test_a_partial_replaced_under_a_live_run_is_not_renamed(phix_model: Path, tmp_path: Path,
+                                                            monkeypatch):
+    """While the run writes, its .partial is deleted and another file takes the name (what a
+    second run started on the same -o does): the run exits 1 without renaming the stranger's
+    file, and its own records are saved beside it."""
+    from evspark_cli.io.writers import FastaOutput
+
+    out = tmp_path / "out.fa"
+    partial = tmp_path / "out.fa.partial"
+    real = FastaOutput.write
+    calls = []
+
+    def steal(self, *a, **k):
+        written = real(self, *a, **k)
+        calls.append(1)
+        if len(calls) == 1:  # after the first record: delete and replace the partial
+            partial.unlink()
+            partial.write_text(">other\nGGGG\n")
+        return written
+
+    monkeypatch.setattr(FastaOutput, "write", steal)
+    args = ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4, "-o", out]
+    line = refused("a .partial replaced under a live run", args, 1,
+                   r"out\.fa\.partial was deleted or replaced while this run was writing it, so "
+                   r"\S*out\.fa was not written; this run's records are in "
+                   r"\S*out\.fa\.partial\.\d+",
+                   tmp_path, MODEL=phix_model)
+    assert not out.exists()
+    assert partial.read_text() == ">other\nGGGG\n"  # the stranger's file is untouched
+    rescue = Path(re.search(r"are in (\S+) \(", line)[1])
+    assert [ln.split()[0] for ln in rescue.read_text().splitlines() if ln.startswith(">")] == \
+        [">r1.cont", ">r2.cont", ">r3.cont"]

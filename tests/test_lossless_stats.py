@@ -208,6 +208,7 @@ def test_exact_distribution_is_a_distribution(trained, cache):
         assert len(d) == 4**n  # top-k 4 keeps exactly 4 tokens per position
 
 
+@pytest.mark.slow
 def test_native_sampling_matches_exact_distribution(trained, cache):
     """Control for the harness itself: native decoding against the enumerated distribution."""
     counts = native_sample(cache, trained)
@@ -216,6 +217,7 @@ def test_native_sampling_matches_exact_distribution(trained, cache):
     assert p > ALPHA, f"native vs exact: chi2={x:.1f} df={df} p={p:.2e}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_name,gamma,n_keep,count,seed", [
     ("kmer", 1, 2, N_SPEC, 201),
     ("kmer", 3, 3, N_SPEC, 203),
@@ -244,6 +246,7 @@ def test_kmer_speculative_vs_native_two_sample(trained, cache):
     assert p > ALPHA, f"kmer γ=3 vs native: chi2={x:.1f} df={df} p={p:.2e}"
 
 
+@pytest.mark.slow
 def test_broken_residual_is_rejected(trained, cache, monkeypatch):
     """The same test, same N and seeds, must reject a rule whose correction ignores q."""
     import evspark_cli.decode.acceptance as acceptance
@@ -257,6 +260,7 @@ def test_broken_residual_is_rejected(trained, cache, monkeypatch):
     assert p2 < ALPHA, f"broken rule not detected two-sample: chi2={x2:.1f} df={df2} p={p2:.2e}"
 
 
+@pytest.mark.slow
 def test_random_model_top_k4(random_model, cache):
     """A random model whose top-4 mixes the echoed DNA base with non-DNA tokens: k-mer drafts are
     sometimes accepted, often rejected with p̃(d) = 0; the output must still be exactly p̃."""

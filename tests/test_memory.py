@@ -1,9 +1,13 @@
 """Memory estimates from a config (model/memory.py): exact where they count what the engine holds,
-and the batch refusal that uses them."""
+and the refusals that use them (a batch, --max-memory, a score's logits, a huge --gamma)."""
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 import torch
+from battery import FAST, fasta_file, refused, worked
 from test_engine import CONFIGS
 
 from evspark_cli.errors import InputError
@@ -51,7 +55,7 @@ def test_a_batch_that_does_not_fit_names_the_largest_that_does():
     n = memory.largest_batch(cfg, f32, f32, 100_000, 13, budget)
     assert 0 < n < 64
     memory.check_batch_fits(cfg, f32, f32, n, 100_000, 13, budget)  # fits: no error
-    with pytest.raises(InputError, match=rf"largest batch that fits is {n} \(--batch-size {n}\)"):
+    with pytest.raises(InputError, match=rf"largest batch that fits is {n} \(batch_size {n}\)"):
         memory.check_batch_fits(cfg, f32, f32, 64, 100_000, 13, budget)
     with pytest.raises(InputError, match="not even one row fits"):
         memory.check_batch_fits(cfg, f32, f32, 1, 10**9, 13, budget)
@@ -70,3 +74,52 @@ def test_sizes_and_the_memory_limit(monkeypatch):
     monkeypatch.delenv("EVSPARK_MAX_MEMORY")
     free = memory.available_bytes("cpu")
     assert free is None or free > 3 << 20
+
+
+# ------------------------------------------- the command line: --max-memory, unbounded asks
+
+
+def test_a_model_larger_than_max_memory_is_refused(phix_model: Path, tmp_path: Path):
+    refused("--max-memory below the model's size",
+            ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4,
+             "--max-memory", "100K"], 3,
+            r"loading model \S+ needs about [\d.]+ [KMG]iB of memory, --max-memory is 100\.0 KiB",
+            tmp_path, MODEL=phix_model)
+    refused("--max-memory not a size",
+            ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4,
+             "--max-memory", "lots"], 2,
+            r"--max-memory must be a positive size such as 512M or 8G, got 'lots'",
+            tmp_path, MODEL=phix_model)
+
+
+def test_score_logits_that_do_not_fit_are_refused(phix_model: Path, tmp_path: Path):
+    """Passes of 128 tokens fit in 4 MiB; the logits of 6,000 positions (12 MiB) do not."""
+    recs = "".join(f">s{i}\n" + "ACGTTGCAAC" * 200 + "\n" for i in range(3))
+    refused("score --logits beyond --max-memory",
+            ["score", fasta_file(tmp_path, "long.fa", recs), "--model", phix_model, *FAST,
+             "--context", 64, "--window", 64, "--logits", tmp_path / "l.safetensors",
+             "--max-memory", "4M"], 2,
+            r"--logits: keeping the logits of every position needs about [\d.]+ MiB of memory, "
+            r"--max-memory less the model is", tmp_path, MODEL=phix_model)
+
+
+def test_a_huge_gamma_reserves_only_what_rounds_use(phix_model: Path, tmp_path: Path, monkeypatch):
+    """--gamma 2000000 -n 8: the state is reserved for the 7 drafts a round can use."""
+    from evspark_cli.model.model import StripedHyena
+
+    real = StripedHyena.prefill
+    reserves: list[int] = []
+
+    def spy(self, ids, *a, **k):
+        reserves.append(int(k.get("reserve", 0)))
+        if reserves[-1] > 10_000:
+            raise AssertionError(f"prefill reserves {reserves[-1]} positions for 8 tokens")
+        return real(self, ids, *a, **k)
+
+    monkeypatch.setattr(StripedHyena, "prefill", spy)
+    r = worked("--gamma 2000000 -n 8",
+               ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 8, "--gamma",
+                2_000_000, "--drafter", "kmer"], tmp_path, "3 records of 8 tokens",
+               MODEL=phix_model)
+    assert r.out.count(">") == 3 and all(n <= 8 + 7 + 16 for n in reserves), reserves
+    assert all(len(s) == 8 for s in re.findall(r"(?m)^[A-Z]+$", r.out))

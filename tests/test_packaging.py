@@ -68,6 +68,7 @@ def test_wheel_holds_every_module_of_the_tree(wheel):
     assert "evspark = evspark_cli.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
 
+@pytest.mark.slow
 def test_an_installed_copy_finds_its_model_and_prompts_from_any_folder(wheel, tmp_path):
     """Installed (not editable) into a folder of its own, run from another folder: the bundled
     target, its drafter and the example prompts are found in the installed package."""

@@ -89,12 +89,12 @@ def test_durations():
 # ------------------------------------------------------------------------- generation meter
 
 
-class FakeJob:
-    def __init__(self, record: int, prompt_len: int, n: int) -> None:
-        from evspark_cli.decode.batch import Job
-        from evspark_cli.decode.drafters.base import RngKey
+def FakeJob(record: int, prompt_len: int, n: int):
+    """A job of `n` tokens on a prompt of `prompt_len` bases, keyed by `record`."""
+    from evspark_cli.decode.batch import Job
+    from evspark_cli.decode.drafters.base import RngKey
 
-        self.job = Job(record, tuple([65] * prompt_len), n, RngKey(0, record, 0), f"r{record}")
+    return Job(record, tuple([65] * prompt_len), n, RngKey(0, record, 0), f"r{record}")
 
 
 def test_meter_counts_prefill_in_the_time_left():
@@ -102,7 +102,7 @@ def test_meter_counts_prefill_in_the_time_left():
     tokens (100 tokens/s), the first record's 1,000-base prefill took 1 s: with one prompt
     length seen, all of it counts as work (here: bases), so 10,000 bases take 10 s."""
     from evspark_cli.decode.batch import RoundReport
-    from evspark_cli.runs import Pass
+    from evspark_cli.generation.run import Pass
 
     clock = Clock()
     prog = Progress("generate", "tokens", quiet=True, clock=clock)
@@ -130,7 +130,7 @@ def test_meter_separates_per_prompt_overhead_from_per_base_cost():
     """Prefills of 100 and 1,000 bases that took 0.2 s and 1.1 s: 0.1 s per prompt plus 1 ms
     per base, so a 10,000-base prompt still to come adds 10.1 s."""
     from evspark_cli.decode.batch import RoundReport
-    from evspark_cli.runs import Pass
+    from evspark_cli.generation.run import Pass
 
     clock = Clock()
     prog = Progress("generate", "tokens", quiet=True, clock=clock)
@@ -167,7 +167,7 @@ def test_prefill_work_grows_with_attention_over_the_prefix():
 
 def test_meter_sizes_compare_native_passes():
     from evspark_cli.decode.batch import RoundReport
-    from evspark_cli.runs import Pass
+    from evspark_cli.generation.run import Pass
 
     clock = Clock()
     prog = Progress("generate", "tokens", quiet=True, clock=clock)

@@ -3,7 +3,8 @@
 The region grammar (io/regions.py) against samtools' rules; BED coordinates converted exactly;
 warnings for inputs that look wrong but are legal; empty records skipped or refused (--strict);
 generated FASTA that pyfaidx (samtools faidx's index format) reads back record by record, with
-ids that say what each record is and random numbers keyed by the prompt, not the output id.
+ids that say what each record is and random numbers keyed by the prompt, not the output id;
+and the bad-region cases of tests/RELIABILITY.md through `evspark generate`.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import battery  # noqa: E402
+from battery import Case, Models, case_ids, check_bad_input  # noqa: E402
 from tiny import one_line_error, run_cli, trained_tiny_dir  # noqa: E402
 
 from evspark_cli.errors import InputError  # noqa: E402
@@ -129,7 +132,7 @@ def test_empty_records_are_skipped_or_refused(tmp_path):
     assert [p.id for p in got.prompts] == ["a", "b"] and got.skipped == ["gap", "gap2"]
     assert got.warnings == ["skipped 2 empty records (gap, gap2); --strict makes this an error"]
     with pytest.raises(InputError, match=r"record 'gap' in \S+g\.fa is empty \(no sequence\) "
-                                         r"\(and 1 more\); --strict refuses empty records"):
+                                         r"\(and 1 more\); strict refuses empty records"):
         load_prompts([str(g)], strict=True)
     # shards are assigned before empty records are dropped: the split does not depend on it
     assert [p.id for p in load_prompts([str(g)], shard="2/2").prompts] == []
@@ -238,3 +241,26 @@ def test_resume_refuses_a_partial_of_another_naming(tmp_path, model):
     msg = one_line_error(r, 2)
     assert "has record 'a.ext', which this run does not write" in msg
     assert Path(f"{out}.partial").exists() and not out.exists()
+
+
+# ------------------------------------------------ the command line on bad regions (battery)
+
+
+BAD_INPUT_CASES: list[Case] = [
+    Case("region on a missing record", battery.gen("--region", "chr9:1-5"), 2,
+         r"region 'chr9:1-5': no record 'chr9'"),
+    Case("region out of range", battery.gen("--region", "r1:5-50"), 2,
+         r"region 'r1:5-50': position 50 is past the end of record 'r1' \(18 bp\)"),
+    Case("region start > end", battery.gen("--region", "r1:8-3"), 2,
+         r"region 'r1:8-3': start 8 is after end 3"),
+    Case("malformed region syntax", battery.gen("--region", "r1:a-b"), 2,
+         r"malformed region 'r1:a-b'"),
+    Case("region start 0", battery.gen("--region", "r1:0-5"), 2, r"start must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_INPUT_CASES, ids=case_ids(BAD_INPUT_CASES))
+def test_bad_input(case: Case, battery_models: Models, tmp_path):
+    """`evspark generate --region` with each bad region: the exit code, one error line, nothing
+    written."""
+    check_bad_input(case, battery_models, tmp_path)

@@ -1,7 +1,8 @@
 """User values are checked once, in the library, and named by the option the user typed.
 
 The library names a bad value by its Python name (`max_new_tokens`); the command line shows the
-same message with the option (`--max-new-tokens`), including where the two names differ.
+same message with the option (`--max-new-tokens`), including where the two names differ. The
+bad option values of tests/RELIABILITY.md run here too, through `evspark generate`.
 """
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from battery import (  # noqa: E402
+    FAST,
+    Case,
+    Models,
+    case_ids,
+    check_bad_input,
+    fasta_file,
+    gen,
+    refused,
+)
 from tiny import PHIX, one_line_error, run_cli, tiny_config  # noqa: E402
 
 from evspark_cli.api import DecodeOptions  # noqa: E402
@@ -19,6 +30,7 @@ from evspark_cli.errors import InputError, SettingError  # noqa: E402
 from evspark_cli.eval.bench import PRESETS, bench_config  # noqa: E402
 from evspark_cli.eval.verify import VerifyOptions  # noqa: E402
 from evspark_cli.io.shard import parse_shard  # noqa: E402
+from evspark_cli.model.checkpoint import load_model  # noqa: E402
 from evspark_cli.train.distill import CacheConfig, DistillConfig  # noqa: E402
 from evspark_cli.train.pretrain import RunOptions, load_train_config  # noqa: E402
 
@@ -64,7 +76,7 @@ def test_other_option_objects_check_their_values():
     with pytest.raises(SettingError, match="stop_at must be >= 1"):
         RunOptions(stop_at=0)
     assert parse_shard((2, 5)) == (2, 5)
-    with pytest.raises(InputError, match="--shard 3/2: need 1 <= I <= N"):
+    with pytest.raises(SettingError, match="^shard 3/2: need 1 <= I <= N"):
         parse_shard((3, 2))
 
 
@@ -122,3 +134,62 @@ def test_train_options_are_named_as_options(tmp_path):
     r = run_cli(["train", "--config", path, "--export-only", "--no-resume", "-q"])
     assert one_line_error(r, 2).startswith("evspark: error: --export-only: no checkpoint ")
     assert r.err.strip().endswith("to export (without --no-resume)")
+
+
+# ------------------------------------------------- the command line on bad option values (battery)
+
+
+BAD_INPUT_CASES: list[Case] = [
+    Case("-n 0", gen("-n", 0), 2, r"--max-new-tokens must be >= 1, got 0"),
+    Case("-n -5", gen("-n", -5), 2, r"--max-new-tokens must be >= 1, got -5"),
+    Case("-n not a number", gen("-n", "ten"), 2, r"Invalid value for '-n' / '--max-new-tokens'"),
+    Case("--gamma 0", gen("--gamma", 0), 2, r"--gamma must be >= 1, got 0"),
+    Case("--top-p 1.5", gen("--top-p", 1.5), 2, r"--top-p must be in \(0, 1\], got 1\.5"),
+    Case("--temperature -1", gen("--temperature", -1), 2,
+         r"--temperature must be a finite number >= 0"),
+    Case("--top-k -1", gen("--top-k", -1), 2, r"--top-k must be an integer >= 0"),
+    Case("--samples 0", gen("--samples", 0), 2, r"--samples must be >= 1"),
+    Case("--shard 3/2", gen("--shard", "3/2"), 2, r"--shard 3/2: need 1 <= I <= N"),
+    Case("--shard malformed", gen("--shard", "half"), 2, r"--shard must look like I/N"),
+    Case("--prompt-tail 0", gen("--prompt-tail", 0), 2, r"--prompt-tail must be an integer >= 1"),
+    Case("--rollback unknown", gen("--rollback", "undo"), 2, r"--rollback must be slice or replay"),
+    Case("unknown drafter", gen("--drafter", "gpt"), 2, r"--drafter 'gpt': not a drafter name"),
+    Case("unknown option", gen("--frobnicate"), 2, r"No such option: --frobnicate"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_INPUT_CASES, ids=case_ids(BAD_INPUT_CASES))
+def test_bad_input(case: Case, battery_models: Models, tmp_path: Path):
+    """`evspark generate` with each bad option value: the exit code, one error line naming the
+    option, nothing written."""
+    check_bad_input(case, battery_models, tmp_path)
+
+
+def test_top_p_below_fp32_is_refused(phix_model: Path, tmp_path: Path):
+    refused("--top-p 1e-46", ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST,
+                              "-n", 4, "--top-p", "1e-46", "-o", tmp_path / "o.fa"], 2,
+            r"--top-p must be at least 1\.2e-38 \(the smallest probability the fp32 sampler "
+            r"represents\), got 1e-46", tmp_path, MODEL=phix_model)
+    assert not list(tmp_path.glob("o.fa*"))
+
+
+@pytest.mark.parametrize("opt", [["--device", "tpu"], ["--dtype", "float16"], ["--seed", "-5"]])
+def test_bad_option_values_are_usage_errors(random_model, masked_fa, opt):
+    r = run_cli(["generate", masked_fa, "--model", random_model, "-n", 4, *opt, *FAST])
+    one_line_error(r, 2)
+
+
+def test_api_generate_rejects_bad_token_ids_and_seeds(random_model):
+    import evspark_cli as evs
+
+    m = load_model(random_model)
+    for prompt in ([65, 600], [-1, 65]):
+        with pytest.raises(InputError, match="vocabulary"):
+            evs.generate(m, prompt, max_new_tokens=2, drafter="kmer")
+    with pytest.raises(InputError, match="seed"):
+        evs.generate(m, "ACGT", max_new_tokens=2, seed=-1)
+    with pytest.raises(InputError, match="max_new_tokens"):
+        evs.generate(m, "ACGT", max_new_tokens=2.0)
+    limit = m.config.max_seqlen
+    with pytest.raises(InputError, match="context"):
+        evs.generate(m, "ACGT", max_new_tokens=limit - 3, drafter="kmer")

@@ -68,6 +68,7 @@ def evspark(*args) -> str:
     return p.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SNAKEMAKE.is_file(), reason="snakemake is not installed next to python")
 def test_snakemake_scatter_gather_equals_an_unsharded_run(tmp_path, model):
     src = write_input(tmp_path)
@@ -107,6 +108,7 @@ def test_snakemake_scatter_gather_equals_an_unsharded_run(tmp_path, model):
     assert list(by_id((out / "shards" / "shard3.fa").read_text())) == ["plasmid_1.cont"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extractor,region", [
     ("samtools", "chrB:1,1-5,0"), ("samtools", "{chrB}:11-50"), ("python", "chrB:1,1-5,0"),
     ("python", "chrB:11"), ("python", "chrA")])

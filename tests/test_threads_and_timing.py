@@ -1,6 +1,6 @@
 """Threads and timing: the default thread count is the CPUs this process may use (cpus.py), and
 --compare-native times interleaved native/speculative pairs and says when their spread makes a
-speedup unreliable (runs.py)."""
+speedup unreliable (generation/run.py)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import run_cli, trained_tiny_dir  # noqa: E402
 
 from evspark_cli.cpus import affinity_cpus, cgroup_cpus, usable_cpus  # noqa: E402
-from evspark_cli.runs import COMPARE_PAIRS, PairTiming, RunSummary  # noqa: E402
+from evspark_cli.generation.run import COMPARE_PAIRS, PairTiming, RunSummary  # noqa: E402
 
 
 def cgroup_tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]:
@@ -126,21 +126,25 @@ def model(tmp_path_factory) -> Path:
 
 
 def test_passes_interleave_and_repeat_a_small_run(model):
-    from evspark_cli.api import DecodeOptions, resolve_drafter
+    from evspark_cli.decode.drafters.registry import resolve_drafter
+    from evspark_cli.generation.jobs import Record, build_jobs
+    from evspark_cli.generation.options import DecodeOptions
+    from evspark_cli.generation.run import GenerationRun
     from evspark_cli.model.checkpoint import load_model
-    from evspark_cli.runs import GenerationRun, make_jobs
 
     m = load_model(model)
     opts = DecodeOptions(4, 3, seed=1)
-    jobs = make_jobs([("a", "ACGTACGT"), ("b", "GGCCAATT"), ("c", "TTGACA")], opts, m)
+    v = m.config.vocab_size
+    jobs = build_jobs([Record.named(i, s, v) for i, s in
+                       [("a", "ACGTACGT"), ("b", "GGCCAATT"), ("c", "TTGACA")]], opts)
     run = GenerationRun(m, resolve_drafter(m, "kmer"), opts, batch_size=2, compare_native=True)
-    plan = [(p.native, p.pair, p.timing_only, [j.record_id for j in p.jobs])
+    plan = [(p.native, p.pair, p.timing_only, [j.record for j in p.jobs])
             for p in run.passes(jobs)]
     assert plan == [(True, 0, False, ["a", "b"]), (False, 0, False, ["a", "b"]),
                     (True, 1, False, ["c"]), (False, 1, False, ["c"]),
                     (True, 2, True, ["a", "b"]), (False, 2, True, ["a", "b"])]
     outs = list(run.outcomes(jobs))
-    assert [o.run_job.record_id for o in outs] == ["a", "b", "c"]  # repeats write nothing
+    assert [o.job.record for o in outs] == ["a", "b", "c"]  # repeats write nothing
     s = run.summary
     assert s.jobs == 3 and s.tokens == 12 and len(s.ratios) == COMPARE_PAIRS
     assert all(p.native_tokens == p.spec_tokens for p in s.pairs)

@@ -72,6 +72,7 @@ def test_conda_recipe_matches_the_package():
         f"evspark = {project['scripts']['evspark']}"]
 
 
+@pytest.mark.slow
 def test_conda_recipe_test_commands_pass(tmp_path):
     """The recipe's test section, run here against the installed package."""
     commands = _meta_yaml()["test"]["commands"]
@@ -99,6 +100,13 @@ def test_container_recipes_build_what_ci_tests():
         assert "ruff check . && " + TEST_COMMAND in recipe
         assert "EVSPARK_SHARED=/opt/shared" in recipe
     assert "ARG TORCH_INDEX=\n" in docker and "TORCH_INDEX=\n" in apptainer  # PyPI by default
+    # the Docker image is the runtime stage: a plain install from the repository, no test extra,
+    # built only after the test stage (editable, with the suite) has passed
+    test, runtime = docker.split("FROM base AS test\n", 1)[1].split("FROM base AS runtime\n", 1)
+    assert '-e ".[test]"' in test and "touch /opt/evspark/.tested" in test
+    assert "COPY --from=test /opt/evspark/.tested" in runtime
+    assert "pip install /tmp/evspark-src" in runtime and "-e " not in runtime
+    assert "[test]" not in runtime and "COPY . ." not in docker.split("FROM base AS test", 1)[0]
     # the build commands are in the README
     assert "docker build --build-context shared=../shared" in README
     assert "apptainer build evspark.sif apptainer/evspark.def" in README

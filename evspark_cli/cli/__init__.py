@@ -11,8 +11,10 @@ from . import bench, convert, distill, generate, info, score, train, verify
 from .app import app, main, register
 
 # the order of `evspark --help`; each command's help ends with its module's worked EXAMPLE
-_MODULES = (generate, verify, score, convert, info, train, distill, bench)
-register(*(getattr(m, m.__name__.rsplit(".", 1)[1]) for m in _MODULES),
-         examples={m.__name__.rsplit(".", 1)[1]: m.EXAMPLE for m in _MODULES})
+register(generate.generate, verify.verify, score.score, convert.convert, info.info, train.train,
+         distill.distill, bench.bench,
+         examples={"generate": generate.EXAMPLE, "verify": verify.EXAMPLE, "score": score.EXAMPLE,
+                   "convert": convert.EXAMPLE, "info": info.EXAMPLE, "train": train.EXAMPLE,
+                   "distill": distill.EXAMPLE, "bench": bench.EXAMPLE})
 
 __all__ = ["app", "main"]

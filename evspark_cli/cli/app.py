@@ -53,9 +53,9 @@ def debug_traceback(error: BaseException | None = None) -> None:
 
 def _message(e: Exception, options: Mapping[str, str]) -> str:
     """An error's line, with library setting names written as this command's options."""
-    from ..errors import SettingError
+    from ..errors import EvsparkError, SettingError
 
-    if isinstance(e, SettingError):
+    if isinstance(e, SettingError) or (isinstance(e, EvsparkError) and e.settings):
         return e.render(lambda s: options.get(s, "--" + s.replace("_", "-")))
     return first_line(e)
 

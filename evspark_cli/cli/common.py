@@ -11,8 +11,8 @@ from .app import say
 
 if TYPE_CHECKING:
     from ..cpus import Threads
-    from ..io.fasta import LengthCap
     from ..io.prompts import Prompts
+    from ..io.types import LengthCap
 
 
 def warn(message: str) -> None:

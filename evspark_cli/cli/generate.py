@@ -1,18 +1,11 @@
 """`evspark generate`: continue each record (or region) and write the continuations as FASTA.
 
-Records are written as they finish, to OUTPUT.partial (renamed when every record is done): a
-record that fails is reported and skipped, the others stay for `--resume`.
-
-Output ids say what a record holds (stable; docs/cli.md): `{prompt id}.cont` for a
-continuation, `{prompt id}.ext` with --include-prompt (the prompt followed by its
-continuation), then `_s{i}` when --samples > 1. The header's description records the settings
-and `prompt=` the prompt's coordinates (`ID` for a whole record, `RECORD:START-END` for a
-region or a --prompt-tail). The random numbers stay keyed by the prompt's id (the region as
-normalised), never by the output id, so a run is reproducible however it is named.
+The run itself is the generation package's (options, jobs, run loop, ordered outputs); this
+module parses the options, shows progress and maps errors to exit codes. Output ids, headers
+and the `.partial`/`--resume` rules: generation/records.py and generation/outputs.py.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import TYPE_CHECKING, List, Optional
 
@@ -60,10 +53,12 @@ from .options import (
 from .progress import Progress
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
-    from ..io.fasta import Prompt
-    from ..io.writers import FastaOutput, StatsOutput
-    from ..resume import RunRecord
-    from ..runs import GenerationRun, JobOutcome, RunJob
+    from ..decode.batch import Job
+    from ..decode.drafters.base import Drafter
+    from ..generation.records import RecordScheme
+    from ..generation.run import GenerationRun
+    from ..io.types import Prompt
+    from ..model.model import StripedHyena
 
 EXAMPLE = """Example: continue two regions of a genome by 2,048 bases, 4 samples each, with
 progress on the terminal and a summary at the end:
@@ -125,9 +120,9 @@ def generate(
     # the bar shows before torch is imported (a second or two): a run says what it does at once
     with Progress("generate", "tokens", quiet=quiet) as prog:
         prog.update(status="loading the model")
-        from ..api import DecodeOptions, model_and_drafter
-        from ..resume import RunRecord
-        from ..runs import GenerationRun
+        from ..generation.options import DecodeOptions
+        from ..generation.plan import model_and_drafter
+        from ..generation.records import RecordScheme
 
         options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k,
                                 top_p, seed, samples, rollback)
@@ -135,96 +130,50 @@ def generate(
         model, d = model_and_drafter(model_dir, prompts, options, drafter, force_drafter,
                                      device=device, dtype=dtype, cuda_graphs=cuda_graphs,
                                      compile=compile_cpu, max_memory=max_memory)
-        record = RunRecord(model.config.model_name, d, options, include_prompt, prompt_tail,
-                           iupac)
-        fasta, stat_out = record.open_outputs(prompts, output, stats, line_width, resume)
-        order = [j.id for j in record.jobs(prompts)]
-        with fasta, (stat_out if stat_out is not None else contextlib.nullcontext()):
-            run = GenerationRun(model, d, options, compare_native=compare_native)
-            writer = _Writer(run, record, fasta, stat_out, prompts, prog)
-            jobs = writer.decode(batch_size, order, max_memory)
+        scheme = RecordScheme(model.config.model_name, d, options, include_prompt, prompt_tail,
+                              iupac)
+        run, jobs, failed = _decode(scheme, model, d, prompts, prog, output, stats, line_width,
+                                    resume, batch_size, max_memory, compare_native)
     prog.summary(summary_line(run.summary, len(prompts), samples, time.monotonic() - t0, used,
-                              resumed=len(order) - len(jobs), skipped=len(got.skipped)))
-    if writer.failed:
-        fail(f"{len(writer.failed)} of {len(jobs)} records failed "
-             f"({', '.join(writer.failed[:5])}); the others are kept in the .partial files; "
+                              resumed=len(prompts) * samples - len(jobs),
+                              skipped=len(got.skipped)))
+    if failed:
+        fail(f"{len(failed)} of {len(jobs)} records failed "
+             f"({', '.join(failed[:5])}); the others are kept in the .partial files; "
              "rerun with --resume", 1)
 
 
-class _Writer:
-    """Writes a run's outcomes in input order; on any early exit, the records that finished
-    out of order are written too (nothing finished is lost; `--resume` restores the order)."""
+def _decode(scheme: RecordScheme, model: StripedHyena, drafter: Drafter | None,
+            prompts: list[Prompt], prog: Progress, output: str | None, stats: str | None,
+            line_width: int, resume: bool, batch_size: int | None, max_memory: str | None,
+            compare_native: bool) -> tuple[GenerationRun, list[Job], list[str]]:
+    """Decode every (prompt, sample) an earlier run did not finish and write it: the run, the
+    jobs it decoded and the output ids that failed."""
+    from ..generation.jobs import Record, build_jobs
+    from ..generation.options import default_batch_size
+    from ..generation.outputs import OrderedWriter, closing, open_outputs
+    from ..generation.plan import plan_batch
+    from ..generation.run import GenerationRun
 
-    def __init__(self, run: GenerationRun, record: RunRecord, fasta: FastaOutput,
-                 stat_out: StatsOutput | None, prompts: list[Prompt], progress: Progress) -> None:
-        """`prompts`: the run's prompts, each named by the base of its output ids
-        (`RunRecord.output_base`)."""
-        self.run, self.record = run, record
-        self.fasta, self.stat_out = fasta, stat_out
-        self.prompts = {record.output_base(p.id): p for p in prompts}
-        self.progress = progress
-        self.failed: list[str] = []
-
-    def decode(self, batch_size: int | None, order: list[str],
-               max_memory: str | None = None) -> list[RunJob]:
-        """Decode every (prompt, sample) not finished by an earlier run, write each outcome,
-        and when none failed give the files their names with their records in `order` (every
-        output id of the run, in input order). The jobs decoded."""
-        from ..api import record_key
-        from ..runs import default_batch_size, make_jobs, plan_batch
-
-        run, prompts, opts = self.run, list(self.prompts.values()), self.run.options
-        jobs = make_jobs(list(zip(self.prompts, (p.seq for p in prompts))), opts, run.model,
-                         skip=self.fasta.done_ids,
-                         key=lambda i, _base: record_key(prompts[i].random_key))
-        run.batch_size = plan_batch(run.model, jobs, opts, run.drafter, batch_size, max_memory)
-        wanted = min(default_batch_size(run.model.device), len(jobs))
+    outputs = open_outputs(scheme, prompts, output, stats, line_width, resume)
+    with closing(outputs):
+        vocab = model.config.vocab_size
+        records = [Record.of(p, vocab, scheme.output_base(p)) for p in prompts]
+        jobs = build_jobs(records, scheme.options, skip=outputs.done_ids)
+        run = GenerationRun(model, drafter, scheme.options, compare_native=compare_native)
+        run.batch_size = plan_batch(model, jobs, scheme.options, drafter, batch_size, max_memory)
+        wanted = min(default_batch_size(model.device), len(jobs))
         if batch_size is None and run.batch_size < wanted:
             warn(f"batch size lowered to {run.batch_size} (from {wanted}) to fit in memory")
-        self.meter = GenerationMeter(self.progress, run.passes(jobs), len(jobs),
-                                     prefill_work(run.model.config))
-        run.observer = self.meter
-        self.progress.update(status="")
-        self.all(jobs)
-        if not self.failed:
-            self.fasta.finish(order)
-            if self.stat_out is not None:
-                self.stat_out.finish(order)
-        elif self.stat_out is not None:
-            self.stat_out.close()
-        return jobs
+        meter = GenerationMeter(prog, run.passes(jobs), len(jobs), prefill_work(model.config))
+        run.observer = meter
+        prog.update(status="")
 
-    def all(self, jobs: list[RunJob]) -> None:
-        """Write every job's outcome (failures are reported and collected in `failed`)."""
-        try:
-            for o in self.run.outcomes(jobs):
-                self.one(o)
-        except BaseException:
-            for o in sorted(getattr(self.run, "waiting", {}).values(),
-                            key=lambda o: o.run_job.job.index):
-                self.one(o)
-            raise
+        def failure(job: Job, error: Exception) -> None:
+            debug_traceback(error)
+            prog.say(f"evspark: error: record '{job.label}' failed: {first_line(error)}")
 
-    def one(self, o: JobOutcome) -> None:
-        """Write one finished job (its stats row first), or report its failure."""
-        from ..io.writers import fasta_letters
-
-        rid = o.run_job.id
-        self.meter.record_done()
-        if o.output is None:
-            assert o.error is not None
-            debug_traceback(o.error)
-            self.progress.say(f"evspark: error: record '{rid}' failed: {first_line(o.error)}")
-            self.failed.append(rid)
-            return
-        out = o.output
-        prompt = self.prompts[o.run_job.record_id]
-        desc = self.record.header(prompt, len(out.tokens))
-        text = fasta_letters(out.text)
-        # stats row first: a record counts as done once it is in the FASTA, so an interrupt
-        # between the two writes must not leave a done record without its row (a row without
-        # its record is kept and not written twice on --resume)
-        if self.stat_out is not None and rid not in self.stat_out.done_ids:
-            self.stat_out.write(out.stats)
-        self.fasta.write(rid, desc, (prompt.seq + text) if self.record.include_prompt else text)
-
+        writer = OrderedWriter(scheme, outputs, {r.id: p for r, p in zip(records, prompts)},
+                               on_failure=failure, on_written=lambda o: meter.record_done())
+        writer.write_all(run.outcomes(jobs), run.unsent)
+    return run, jobs, writer.failed

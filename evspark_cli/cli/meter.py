@@ -1,6 +1,6 @@
-"""The progress of a generation run, fed by the run's events (runs.RunObserver): tokens done
-over every pass's tokens, tau, and a time left that counts prefill (cli/progress.py shows it);
-and the run's summary line."""
+"""The progress of a generation run, fed by the run's events (generation.run.RunObserver):
+tokens done over every pass's tokens, tau, and a time left that counts prefill
+(cli/progress.py shows it); and the run's summary line."""
 from __future__ import annotations
 
 import time
@@ -12,22 +12,23 @@ from .progress import Progress
 
 if TYPE_CHECKING:  # the engine is imported lazily (a fast --help)
     from ..cpus import Threads
-    from ..decode.batch import RoundReport
+    from ..decode.batch import Job, RoundReport
+    from ..generation.run import Pass, RunSummary
     from ..model.config import ModelConfig
-    from ..runs import Pass, RunJob, RunSummary
 
 
 class GenerationMeter:
-    """A generation run's progress: tokens done over every pass's tokens (native passes and
-    timing repeats of --compare-native included), tau, and a time left that counts prefill.
+    """A generation run's progress: tokens done over every pass's tokens (native passes and timing
+    repeats of --compare-native included), tau, and a time left that counts prefill.
 
     The run tells it when the decoder takes a job (its prompt is prefilled before the next
-    round) and when each round ends (runs.RunObserver). A round interval with no prefill in it
-    times decoding alone (per mode: native or speculative); an interval with prefills is that
-    plus prefill, so its excess over a plain round times the prefill of the prompts taken in
-    it. The time left is the tokens still to decode at each mode's rate plus the prompts still
-    to prefill at their estimated cost (`prefill_time`, shaped by `prefill_work`): a long
-    prompt not yet started lengthens the estimate instead of stalling the bar's rate later.
+    round) and when each round ends (generation.run.RunObserver). A round interval with no
+    prefill in it times decoding alone (per mode: native or speculative); an interval with
+    prefills is that plus prefill, so its excess over a plain round times the prefill of the
+    prompts taken in it. The time left is the tokens still to decode at each mode's rate plus
+    the prompts still to prefill at their estimated cost (`prefill_time`, shaped by
+    `prefill_work`): a long prompt not yet started lengthens the estimate instead of stalling
+    the bar's rate later.
     """
 
     def __init__(self, progress: Progress, passes: list[Pass], records: int,
@@ -40,7 +41,7 @@ class GenerationMeter:
         self.todo: Counter[int] = Counter()  # prompt lengths still to prefill, every pass
         for p in passes:
             self.left[p.native] += p.tokens
-            self.todo.update(len(j.job.prompt) for j in _first_of_records(p.jobs))
+            self.todo.update(len(j.prompt) for j in _first_of_records(p.jobs))
         self.pure_s = {True: 0.0, False: 0.0}  # round intervals without prefill
         self.pure_tokens = {True: 0, False: 0}
         self.pure_rounds = {True: 0, False: 0}
@@ -57,18 +58,18 @@ class GenerationMeter:
         progress.set_total(sum(p.tokens for p in passes))
         progress.eta = self.time_left
 
-    # runs.RunObserver
+    # generation.run.RunObserver
     def pass_started(self, p: Pass) -> None:
         self.pass_index += 1
         self.last = self.clock()
         self.last_prompt = None
         self.progress.update(status=self._status(p))
 
-    def job_started(self, job: RunJob, p: Pass) -> None:
-        key = (job.job.rng.record, job.job.prompt)
+    def job_started(self, job: Job, p: Pass) -> None:
+        key = (job.rng.record, job.prompt)
         if key != self.last_prompt:  # a record's samples share one prefill
             self.last_prompt = key
-            n = len(job.job.prompt)
+            n = len(job.prompt)
             self.pending += self.work(n)
             self.pending_prompts += 1
             if self.todo[n] > 0:
@@ -198,12 +199,12 @@ def prefill_work(config: ModelConfig) -> Callable[[int], float]:
     return lambda n: n + n * n / n0
 
 
-def _first_of_records(jobs: tuple[RunJob, ...]) -> list[RunJob]:
+def _first_of_records(jobs: tuple[Job, ...]) -> list[Job]:
     """The jobs that prefill (the first of each record's consecutive samples)."""
-    out: list[RunJob] = []
+    out: list[Job] = []
     last = None
     for j in jobs:
-        key = (j.job.rng.record, j.job.prompt)
+        key = (j.rng.record, j.prompt)
         if key != last:
             out.append(j)
             last = key
@@ -233,8 +234,8 @@ def summary_line(s: RunSummary, records: int, samples: int, wall_s: float, threa
 
 def speedup_text(s: RunSummary) -> str:
     """The measured speedup with its pairs' range, flagged when the spread makes it
-    unreliable (runs.SPREAD_LIMIT)."""
-    from ..runs import SPREAD_LIMIT
+    unreliable (generation.run.SPREAD_LIMIT)."""
+    from ..generation.run import SPREAD_LIMIT
 
     ratios, spread = s.ratios, s.spread
     text = f"speedup {s.speedup:.2f}x over native decoding"

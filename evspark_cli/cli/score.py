@@ -29,7 +29,7 @@ from .options import (
 from .progress import Progress
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
-    from ..io.fasta import Prompt
+    from ..io.types import Prompt
     from ..model.model import StripedHyena
 
 EXAMPLE = """Example: bits per nucleotide of every contig of an assembly, each base seeing at

@@ -83,10 +83,11 @@ def verify(
     import json
     import time
 
-    from ..api import DecodeOptions, model_and_drafter
     from ..bundled import example_prompts
     from ..eval.provenance import provenance
     from ..eval.verify import VerifyOptions, verify_prompts
+    from ..generation.options import DecodeOptions
+    from ..generation.plan import model_and_drafter
     from ..io.writers import check_distinct_outputs, check_output_path, write_text_atomic
     from ..limits import context_cap
 

@@ -64,16 +64,36 @@ class DecodeResult:
         return sum(self.accepted) / sum(self.proposed) if sum(self.proposed) else None
 
 
+KV_SLACK = 16
+"""KV positions a row reserves beyond its prompt, its tokens and one block: rounds never write
+past them, so a row's caches are sized once (docs/batching.md)."""
+
+
+def largest_draft(gamma: int, remaining: int) -> int:
+    """The most drafts a round proposes when `remaining` tokens are still asked: a round never
+    drafts past a job's last token (its bonus token is that last one)."""
+    return max(0, min(gamma, remaining - 1))
+
+
+def row_reserve(max_new_tokens: int, draft: int) -> int:
+    """KV positions a row needs past its prompt: its tokens, the largest block's drafts and
+    the slack."""
+    return max_new_tokens + draft + KV_SLACK
+
+
 @dataclass(frozen=True)
 class Job:
-    """One sequence to generate: a prompt, how many tokens, and its random-number key. Jobs with
-    the same `record` (consecutive in the job list) share one prefill."""
+    """One sequence to generate: a prompt, how many tokens, and its random-number key. Jobs
+    with the same prompt and record key (consecutive in the job list: a record's samples)
+    share one prefill. Built by `generation.jobs.build_jobs`, the one job builder."""
 
     index: int  # place in the input order
     prompt: tuple[int, ...]
     max_new_tokens: int
     rng: RngKey
-    label: str = ""  # for messages: the record id
+    label: str = ""  # the job's output id (messages, stats): record, then `_s{i}` if sampled
+    record: str = ""  # the base of the output ids of the record it continues
+    sample: int = 0
 
 
 @dataclass
@@ -216,7 +236,7 @@ class BatchDecoder:
         assert state is not None
         t0 = time.perf_counter()
         B = len(rows)
-        gammas = [min(self.gamma, r.remaining - 1) for r in rows] if self.gamma else [0] * B
+        gammas = [largest_draft(self.gamma, r.remaining) for r in rows]
         G = max(gammas)
         anchors = torch.tensor([[r.anchor] for r in rows], dtype=torch.long)
         prop = None
@@ -353,7 +373,7 @@ class BatchDecoder:
             pre = self._shared[1]
             return Prefilled(pre.state, pre.anchor, pre.hidden, 0.0)
         self._shared = None  # the previous record's prefill can go before this one is made
-        reserve = job.max_new_tokens + self._slots(job) + 16  # rounds never draft more
+        reserve = row_reserve(job.max_new_tokens, self._slots(job))
         pre = prefill_prompt(self.model, job.prompt, reserve=reserve, keep_hidden=self.prefix)
         self._shared = ((job.rng.record, job.prompt), pre)
         return pre
@@ -401,7 +421,7 @@ class BatchDecoder:
 
     def _slots(self, job: Job) -> int:
         """The most drafts a round of this job proposes (never past its last token)."""
-        return max(0, min(self.gamma, job.max_new_tokens - 1))
+        return largest_draft(self.gamma, job.max_new_tokens)
 
     def _fresh_result(self, prefill_s: float, job: Job) -> DecodeResult:
         width = self._slots(job)

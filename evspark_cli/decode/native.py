@@ -15,7 +15,6 @@ from .batch import (
     Job,
     Prefilled,
     all_finite,
-    nonfinite_error,
     prefill_prompt,
     run_one,
     start,
@@ -23,13 +22,8 @@ from .batch import (
 from .drafters.base import RngKey
 from .sampling import SamplerConfig
 
-__all__ = ["DecodeResult", "Prefilled", "all_finite", "check_finite", "decode_native",
-           "prefill_prompt", "start"]
-
-
-def check_finite(logits, position: int, label: str) -> None:
-    if not all_finite(logits):
-        raise nonfinite_error(position, label)
+__all__ = ["DecodeResult", "Prefilled", "all_finite", "decode_native", "prefill_prompt",
+           "start"]
 
 
 def decode_native(model: StripedHyena, prompt: list[int], max_new_tokens: int,

@@ -21,13 +21,16 @@ from typing import Any, Callable
 import torch
 
 from .. import bundled
-from ..api import bundled_drafter_dir, check_gamma, drafter_name, resolve_drafter
+from ..decode.batch import row_reserve
 from ..decode.drafters.base import RngKey
+from ..decode.drafters.registry import bundled_drafter_dir, drafter_name, resolve_drafter
 from ..decode.native import DecodeResult, Prefilled, decode_native, prefill_prompt
 from ..decode.sampling import SamplerConfig
 from ..decode.speculative import ROLLBACKS, decode_speculative
 from ..errors import SettingError, at_least
-from ..io.fasta import Prompt, read_prompts
+from ..generation.options import check_gamma
+from ..io.fasta import read_prompts
+from ..io.types import Prompt
 from ..model.model import StripedHyena
 from .compare import compare_greedy, default_tie_tolerance, side_by_side
 from .provenance import machine_info, provenance
@@ -67,9 +70,12 @@ class BenchConfig:
 
     def validate(self) -> BenchConfig:
         """Refuse values that cannot run, naming the setting (one line, before any work)."""
-        for name in ("n_prompts", "new_tokens", "gamma", "throughput_records",
-                     "throughput_samples", "throughput_tokens"):
-            at_least(name, getattr(self, name), 1)
+        at_least("n_prompts", self.n_prompts, 1)
+        at_least("new_tokens", self.new_tokens, 1)
+        at_least("gamma", self.gamma, 1)
+        at_least("throughput_records", self.throughput_records, 1)
+        at_least("throughput_samples", self.throughput_samples, 1)
+        at_least("throughput_tokens", self.throughput_tokens, 1)
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes) or (
                 self.batch_size is not None and self.batch_size < 1):
             raise SettingError("{0} and {1} take integers >= 1", "batch_sizes", "batch_size")
@@ -274,7 +280,8 @@ def sampled_losslessness(model: StripedHyena, prompts: list[Prompt], drafter: An
     prefix = drafter.prefix_len
     for i, p in enumerate(prompts[: cfg.tvd_prompts]):
         sets: dict[str, list[list[int]]] = {"native_a": [], "native_b": [], "spec": []}
-        pf = prefill_prompt(model, _ids(p), cfg.tvd_tokens + cfg.gamma + 16, prefix)  # shared
+        reserve = row_reserve(cfg.tvd_tokens, cfg.gamma)
+        pf = prefill_prompt(model, _ids(p), reserve, prefix)  # shared
         for s in range(cfg.tvd_samples):
             sets["native_a"].append(decode_native(model, _ids(p), cfg.tvd_tokens, SAMPLED,
                                                   RngKey(1, i, s), prefilled=pf).tokens)
@@ -347,7 +354,8 @@ def context_sweep(model: StripedHyena, drafter: Any, cfg: BenchConfig,
             continue
         ids = list(genome[:L].encode())
         try:
-            pf: Prefilled = prefill_prompt(model, ids, cfg.context_tokens + cfg.gamma + 16, prefix)
+            reserve = row_reserve(cfg.context_tokens, cfg.gamma)
+            pf: Prefilled = prefill_prompt(model, ids, reserve, prefix)
             rss = peak_rss_mib()
             key = RngKey(5, L, 0)
             nat = decode_native(model, ids, cfg.context_tokens, SAMPLED, key, prefilled=pf)
@@ -416,7 +424,7 @@ def time_to(res: DecodeResult, n: int) -> float:
 def throughput(model: StripedHyena, drafter: Any, cfg: BenchConfig,
                log: Callable[[str], None]) -> dict[str, Any]:
     """Tokens/s by batch size, native and speculative, on records x samples (eval/throughput)."""
-    from ..runs import default_batch_size
+    from ..generation.options import default_batch_size
     from .throughput import ThroughputConfig, measure_throughput
 
     headline = cfg.batch_size or default_batch_size(model.device)

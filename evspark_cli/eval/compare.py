@@ -14,7 +14,7 @@ from ..decode.drafters.base import Drafter, RngKey
 from ..decode.native import DecodeResult, decode_native
 from ..decode.sampling import SamplerConfig
 from ..decode.speculative import decode_speculative
-from ..io.fasta import Prompt
+from ..io.types import Prompt
 from ..model.model import StripedHyena
 
 

@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..decode.batch import BatchDecoder, Job
-from ..decode.drafters.base import Drafter, RngKey
+from ..decode.batch import BatchDecoder
+from ..decode.drafters.base import Drafter
 from ..decode.sampling import SamplerConfig
-from ..io.fasta import Prompt
+from ..generation.jobs import Record, build_jobs
+from ..generation.options import DecodeOptions
+from ..io.types import Prompt
 from ..model.model import StripedHyena
 
 SAMPLED = SamplerConfig(1.0, 4, 1.0)
@@ -36,11 +38,6 @@ class ThroughputConfig:
     native_single: bool = True  # also single-stream native decoding (the usual baseline)
 
 
-def make_jobs(prompts: list[Prompt], samples: int, new_tokens: int, seed: int = 0) -> list[Job]:
-    return [Job(i * samples + s, tuple(p.seq.encode()), new_tokens, RngKey(seed, i, s), p.id)
-            for i, p in enumerate(prompts) for s in range(samples)]
-
-
 def _modes(cfg: ThroughputConfig, drafter: Drafter | None) -> list[tuple[str, Drafter | None, int]]:
     modes = []
     for b in cfg.batch_sizes:
@@ -55,7 +52,10 @@ def measure_throughput(model: StripedHyena, prompts: list[Prompt], drafter: Draf
                        cfg: ThroughputConfig, log: Callable[[str], None] = lambda m: None,
                        sampler: SamplerConfig = SAMPLED) -> dict[str, Any]:
     """Tokens/s of every (decoder, batch size) on records x samples jobs, interleaved."""
-    jobs = make_jobs(prompts[: cfg.records], cfg.samples, cfg.new_tokens)
+    options = DecodeOptions(cfg.new_tokens, cfg.gamma, sampler.temperature, sampler.top_k,
+                            sampler.top_p, samples=cfg.samples)
+    vocab = model.config.vocab_size
+    jobs = build_jobs([Record.of(p, vocab) for p in prompts[: cfg.records]], options)
     per_slice = -(-min(cfg.records, len(prompts)) // max(cfg.slices, 1)) * cfg.samples
     slices = [jobs[i: i + per_slice] for i in range(0, len(jobs), per_slice)]
     modes = _modes(cfg, drafter)

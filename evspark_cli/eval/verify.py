@@ -10,13 +10,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import DecodeOptions, drafter_name, record_key
 from ..decode.batch import BatchDecoder, DecodeResult, Job
-from ..decode.drafters.base import Drafter, RngKey
+from ..decode.drafters.base import Drafter
+from ..decode.drafters.registry import drafter_name
 from ..decode.native import decode_native
 from ..decode.sampling import SamplerConfig
 from ..errors import InputError, SettingError, printable
-from ..io.fasta import Prompt
+from ..generation.jobs import Record, build_jobs
+from ..generation.options import DecodeOptions
+from ..io.types import Prompt
 from ..model.model import StripedHyena
 from .compare import compare_greedy, default_tie_tolerance, side_by_side
 
@@ -104,12 +106,12 @@ def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Draf
     if tol is None:
         tol = default_tie_tolerance(next(model.parameters()).dtype)
     opts = options.decode
+    jobs = build_jobs([Record.of(p, model.config.vocab_size) for p in prompts], opts)
     if batch_size > 1:
-        return _verify_batched(model, prompts, drafter, opts, tol, batch_size, on_prompt)
+        return _verify_batched(model, jobs, drafter, opts, tol, batch_size, on_prompt)
     rows = []
-    for p in prompts:
-        key = RngKey(0, record_key(p.id), 0)
-        for _, _, nat, spec in side_by_side(model, p, opts.max_new_tokens, GREEDY, key,
+    for p, job in zip(prompts, jobs):
+        for _, _, nat, spec in side_by_side(model, p, opts.max_new_tokens, GREEDY, job.rng,
                                             {"d": drafter}, opts.gamma,
                                             lambda _: (opts.rollback,), track_margins=True):
             rows.append(compare_greedy(p.id, nat, spec, tol))
@@ -118,12 +120,10 @@ def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Draf
     return VerifyResult(drafter_name(drafter), opts.gamma, tol, rows)
 
 
-def _verify_batched(model: StripedHyena, prompts: Sequence[Prompt], drafter: Drafter,
+def _verify_batched(model: StripedHyena, jobs: list[Job], drafter: Drafter,
                     opts: DecodeOptions, tol: float, batch_size: int,
                     on_prompt: Callable[[dict[str, Any]], None] | None) -> VerifyResult:
-    """Every prompt natively, one at a time; then all speculatively, `batch_size` rows at once."""
-    jobs = [Job(i, tuple(p.seq.encode()), opts.max_new_tokens, RngKey(0, record_key(p.id), 0),
-                p.id) for i, p in enumerate(prompts)]
+    """Every job natively, one at a time; then all speculatively, `batch_size` rows at once."""
     natives = [decode_native(model, list(j.prompt), j.max_new_tokens, GREEDY, j.rng, j.label,
                              track_margins=True) for j in jobs]
     t0 = time.perf_counter()

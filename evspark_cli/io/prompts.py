@@ -13,9 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import InputError
-from .fasta import LengthCap, Prompt, _clean, _record_key, read_prompts
+from .fasta import clean, read_prompts, record_key
 from .regions import LITERAL_ID, name_bed_prompts, read_bed
 from .shard import parse_shard, select_shard
+from .streams import fail_setting
+from .types import LengthCap, Prompt
+
+__all__ = ["Prompts", "literal_prompt", "load_prompts"]
 
 _SHOWN = 3  # ids named in a warning line before "..."
 
@@ -43,9 +47,9 @@ def literal_prompt(seq: str, prompt_tail: int | None = None, iupac: str = "keep"
     if not isinstance(seq, str) or not seq.strip():
         raise InputError("--prompt: empty sequence")
     raw = seq.strip()
-    clean = _clean(raw, "--prompt", 0, iupac, _record_key(LITERAL_ID))
-    kept = clean[-prompt_tail:] if prompt_tail else clean
-    span = (LITERAL_ID, len(clean) - len(kept) + 1, len(clean)) if len(kept) < len(clean) else None
+    bases = clean(raw, "--prompt", 0, iupac, record_key(LITERAL_ID))
+    kept = bases[-prompt_tail:] if prompt_tail else bases
+    span = (LITERAL_ID, len(bases) - len(kept) + 1, len(bases)) if len(kept) < len(bases) else None
     return Prompt(LITERAL_ID, "", kept, "--prompt", span=span, soft_masked=not raw.isupper())
 
 
@@ -83,7 +87,7 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
         first = f"record {empty[0].id!r} in {empty[0].source} is empty (no sequence)"
         if strict:
             more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
-            raise InputError(f"{first}{more}; --strict refuses empty records")
+            raise fail_setting(f"{first}{more}; ", "strict", " refuses empty records")
         if len(empty) == len(got) and shard is None:  # a shard may hold only empty records
             raise InputError(first if len(got) == 1 else f"{first}, as is every record: "
                              "nothing to do")

@@ -22,12 +22,13 @@ import gzip
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..errors import InputError
+from .streams import fail
+from .types import Prompt, Region
 
-if TYPE_CHECKING:
-    from .fasta import Prompt, Region
+__all__ = ["LITERAL_ID", "BedRegion", "parse_region", "candidate_names", "resolve_region",
+           "read_bed", "name_bed_prompts"]
 
 LITERAL_ID = "prompt"
 """The id of a `--prompt SEQUENCE` (and the name its random numbers are keyed by)."""
@@ -37,6 +38,7 @@ _COORDS = re.compile(
     rf"^(?:(?P<start>{_NUMBER})(?:-(?P<end>{_NUMBER})?)?|-(?P<only_end>{_NUMBER}))$")
 _BED_SKIP = ("#", "track", "browser")
 _USAGE = "expected ID, ID:START-END, ID:START or {ID} (1-based, inclusive; e.g. chr1:1,000-2,000)"
+_REGION = re.compile(r"^(?P<name>.+):(?P<start>[0-9][0-9,]*)(?:-(?P<end>[0-9][0-9,]*)?)?$")
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,6 @@ def resolve_region(text: str, is_record: Callable[[str], bool]) -> Region:
     Raises InputError for a malformed or ambiguous string; a name that matches no record is
     returned as is (the caller names the inputs it looked in).
     """
-    from .fasta import Region
-
     if not isinstance(text, str) or not text or any(c.isspace() for c in text):
         raise _fail(f"malformed region {text!r}: {_USAGE} (no spaces)")
     if text.startswith("{"):
@@ -125,6 +125,36 @@ def resolve_region(text: str, is_record: Callable[[str], bool]) -> Region:
         return Region(text, text, None, None)
     start, end = _coords(split[1], text)
     return Region(text, split[0], start, end)
+
+
+def parse_region(text: str) -> Region:
+    """Parse `ID`, `ID:START-END` or `ID:START` alone, without knowing the records (commas
+    allowed in numbers).
+
+    An `ID` containing ':' that is not followed by valid coordinates is reported as malformed
+    here; `resolve_region`, which knows the record names, is what reading regions uses.
+    """
+    if not text or text != text.strip() or any(c.isspace() for c in text):
+        raise fail(f"malformed region {text!r}: expected ID, ID:START-END or ID:START (no spaces)")
+    m = _REGION.match(text)
+    if m is None:
+        if ":" in text:
+            raise fail(
+                f"malformed region {text!r}: expected ID, ID:START-END or ID:START "
+                "(1-based, inclusive; e.g. chr1:1,000-2,000)"
+            )
+        return Region(text, text, None, None)
+    start_s = m.group("start").replace(",", "")
+    end_g = m.group("end")
+    if not start_s or (end_g is not None and not end_g.replace(",", "")):
+        raise fail(f"malformed region {text!r}: coordinates must be numbers")
+    start = int(start_s)
+    end = int(end_g.replace(",", "")) if end_g is not None else None
+    if start < 1:
+        raise fail(f"region {text!r}: start must be >= 1 (coordinates are 1-based), got {start}")
+    if end is not None and start > end:
+        raise fail(f"region {text!r}: start {start} is after end {end}")
+    return Region(text, m.group("name"), start, end)
 
 
 # --------------------------------------------------------------------------- BED

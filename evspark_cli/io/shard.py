@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import TypeVar
 
-from evspark_cli.errors import InputError
+from .streams import fail_setting
 
 __all__ = ["parse_shard", "select_shard"]
 
@@ -21,7 +21,7 @@ _SHARD = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*")
 
 
 def parse_shard(spec: str | tuple[int, int]) -> tuple[int, int]:
-    """`--shard`: "I/N" (or an (I, N) pair) with 1 <= I <= N (1-based, like the shard names
+    """`shard`: "I/N" (or an (I, N) pair) with 1 <= I <= N (1-based, like the shard names
     users see), checked."""
     if isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(x, int) for x in spec):
         i, n = spec
@@ -29,10 +29,10 @@ def parse_shard(spec: str | tuple[int, int]) -> tuple[int, int]:
     else:
         m = _SHARD.fullmatch(spec) if isinstance(spec, str) else None
         if m is None:
-            raise InputError(f"--shard must look like I/N (e.g. 1/4), got {spec!r}")
+            raise fail_setting("", "shard", f" must look like I/N (e.g. 1/4), got {spec!r}")
         i, n, text = int(m.group(1)), int(m.group(2)), spec
     if n < 1 or not 1 <= i <= n:
-        raise InputError(f"--shard {text}: need 1 <= I <= N (shards are numbered from 1)")
+        raise fail_setting("", "shard", f" {text}: need 1 <= I <= N (shards are numbered from 1)")
     return i, n
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import InputError, RunError, SettingError
+from ..errors import InputError, RunError, SettingError, literal
 from ..files import Output, atomic_path, check_distinct
 
 try:  # POSIX: refuse two processes appending to the same partial file
@@ -121,7 +121,8 @@ class _PartialOutput:
         self._finished = False
         if self.path is None:
             if resume:
-                raise InputError("--resume needs an output file: standard output cannot be resumed")
+                raise SettingError.of("resume", "needs an output file: standard output cannot be "
+                                                "resumed")
             return
         check_output_path(self.path)
         self.partial = self.path + PARTIAL_SUFFIX
@@ -137,10 +138,8 @@ class _PartialOutput:
         if holder is not None:
             raise self._in_use(holder)
         if not resume:
-            raise InputError(
-                f"{self.partial} exists (left by an interrupted run): "
-                "pass --resume to continue it, or delete it"
-            )
+            raise SettingError(f"{literal(self.partial)} exists (left by an interrupted run): "
+                               "pass {0} to continue it, or delete it", "resume")
         self.existed = True
         self._resume()
 
@@ -194,8 +193,8 @@ class _PartialOutput:
             holder = _lock_holder(self.partial)
             if holder is not None:
                 raise self._in_use(holder) from None
-            raise InputError(f"{self.partial} appeared while starting (another run?); "
-                             "pass --resume to continue it, or delete it") from None
+            raise SettingError(f"{literal(self.partial)} appeared while starting (another run?); "
+                               "pass {0} to continue it, or delete it", "resume") from None
         except OSError as e:
             raise InputError(f"{self.partial}: cannot create ({e.strerror or e})") from None
         if self._preamble():
@@ -354,8 +353,9 @@ class _PartialOutput:
         except OSError as e:
             return RunError(f"{why}; its records could not be saved ({e.strerror or e}), "
                             f"{self.path} was not written")
-        return RunError(f"{why}, so {self.path} was not written; this run's records are in "
-                        f"{rescue} (rename it to {self.partial} and rerun with --resume)")
+        return RunError(literal(f"{why}, so {self.path} was not written; this run's records are "
+                                f"in {rescue} (rename it to {self.partial} and rerun with ")
+                        + "{0})", "resume")
 
     def close(self) -> None:
         """Close without renaming (what happens on an exception): the partial stays for --resume."""
@@ -369,7 +369,12 @@ class _PartialOutput:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _corrupt(self, detail: str) -> InputError:
+    def _corrupt(self, detail: str, *settings: str) -> InputError:
+        """The partial cannot be resumed: `detail` says why, in plain text, or with `settings`
+        as a template naming them (`{0}`...)."""
+        if settings:
+            return SettingError(f"{literal(str(self.partial))}: cannot resume, {detail}; delete "
+                                "it to start over", *settings)
         return InputError(f"{self.partial}: cannot resume, {detail}; delete it to start over")
 
     def discard(self) -> None:
@@ -446,8 +451,8 @@ class FastaOutput(_PartialOutput):
 
     def __init__(self, path: str | None, line_width: int = 60, resume: bool = False) -> None:
         if isinstance(line_width, bool) or not isinstance(line_width, int) or line_width < 0:
-            raise InputError("--line-width must be an integer >= 0 (0 = no wrapping), "
-                             f"got {line_width!r}")
+            raise SettingError.of("line_width", "must be an integer >= 0 (0 = no wrapping), "
+                                                f"got {line_width!r}")
         self.line_width = line_width
         self.done_descriptions: dict[str, str] = {}  # header text after the id, per resumed record
         super().__init__(path, resume)
@@ -485,18 +490,19 @@ class FastaOutput(_PartialOutput):
             # renames records (--include-prompt: .cont/.ext) is not a foreign record
             self._check_settings(rid, got, {k: v for k, v in want.items() if k in got})
             if records is not None and rid not in records:
-                raise InputError(f"--resume: {self.partial} has record '{rid}', which this run "
-                                 "does not write (other inputs, --region, --shard or --samples?);"
-                                 " rerun with the same options or delete the .partial")
+                raise SettingError(f"{{0}}: {literal(str(self.partial))} has record "
+                                   f"'{literal(rid)}', which this run does not write (other "
+                                   "inputs, {1}, {2} or {3}?); rerun with the same options or "
+                                   "delete the .partial", "resume", "region", "shard", "samples")
             self._check_settings(rid, got, {**want, **(records or {}).get(rid, {})})
 
     def _check_settings(self, rid: str, got: Mapping[str, str], want: Mapping[str, str]) -> None:
         for key, value in want.items():
             if got.get(key) != value:
                 had = f"{key}={got[key]}" if key in got else f"no {key} recorded"
-                raise InputError(f"--resume: {self.partial} has record '{rid}' made with "
-                                 f"{had}, this run has {key}={value}; rerun with the same "
-                                 "options or delete the .partial")
+                raise SettingError.of("resume", f"{self.partial} has record '{rid}' made with "
+                                      f"{had}, this run has {key}={value}; rerun with the same "
+                                      "options or delete the .partial", sep=": ")
 
     def _scan(self, data: bytes) -> tuple[int, list[str]]:
         lines = _split_lines(data)
@@ -506,13 +512,13 @@ class FastaOutput(_PartialOutput):
         ids: list[str] = []
         for r, k0 in enumerate(starts):
             k1 = starts[r + 1] if r + 1 < len(starts) else len(lines)
-            problem, rid = self._check_record(data, lines[k0:k1])
+            problem, rid, settings = self._check_record(data, lines[k0:k1])
             if problem is None and rid in ids:
-                problem = f"record {rid!r} appears twice"
+                problem, settings = f"record {rid!r} appears twice", ()
             if problem is not None:
                 if r == len(starts) - 1:  # a torn last record: drop it, it will be redone
                     return lines[k0][0], ids
-                raise self._corrupt(problem)
+                raise self._corrupt(problem, *settings)
             ids.append(rid)
             header = data[lines[k0][0] + 1: lines[k0][1]].decode("utf-8").split(None, 1)
             self.done_descriptions[rid] = header[1] if len(header) > 1 else ""
@@ -525,29 +531,32 @@ class FastaOutput(_PartialOutput):
                 for a, e in zip(starts, ends)]
 
     def _check_record(self, data: bytes, rec: list[tuple[int, int, bool]]
-                      ) -> tuple[str | None, str]:
-        """None if `rec` (header + sequence lines) is a complete record as `write` makes them."""
+                      ) -> tuple[str | None, str, tuple[str, ...]]:
+        """(problem, record id, settings): problem is None if `rec` (header + sequence lines) is
+        a complete record as `write` makes them; else plain text, or with settings a template
+        naming them (`_corrupt`)."""
         if not all(nl for _a, _b, nl in rec):
-            return "it ends in the middle of a line", ""
+            return "it ends in the middle of a line", "", ()
         try:
             header = data[rec[0][0] + 1 : rec[0][1]].decode("utf-8")
         except UnicodeDecodeError:
-            return "a header is not UTF-8", ""
+            return "a header is not UTF-8", "", ()
         rid = header.split(None, 1)[0] if header.split() else ""
         if not rid:
-            return "a header has no record id", ""
+            return "a header has no record id", "", ()
         seq_lines = rec[1:]
         for a, b, _nl in seq_lines:
             if _SEQ_OK.fullmatch(data, a, b) is None:
-                return f"record {rid!r} has a line that is not sequence", rid
+                return f"record {rid!r} has a line that is not sequence", rid, ()
         lens = [b - a for a, b, _nl in seq_lines]
         if self.line_width == 0:
             if len(lens) > 1:
-                return (f"record {rid!r} is wrapped but --line-width is 0 "
-                        "(different --line-width?)", rid)
+                return (f"record {literal(repr(rid))} is wrapped but {{0}} is 0 "
+                        "(different {0}?)", rid, ("line_width",))
         elif lens and (any(n != self.line_width for n in lens[:-1]) or lens[-1] > self.line_width):
-            return f"record {rid!r} has lines of another width (different --line-width?)", rid
-        return None, rid
+            return (f"record {literal(repr(rid))} has lines of another width (different {{0}}?)",
+                    rid, ("line_width",))
+        return None, rid, ()
 
 
 _NUMBER_DIGITS = 6
@@ -645,7 +654,8 @@ class StatsOutput(_PartialOutput):
             if not data.startswith(header):
                 if header.startswith(data):  # torn header line: start the file over
                     return 0, []
-                raise self._corrupt("its columns differ from this run's (another --stats file?)")
+                raise self._corrupt("its columns differ from this run's (another {0} file?)",
+                                    "stats")
             first = 1
         for k in range(first, len(lines)):
             a, b, nl = lines[k]
@@ -677,15 +687,16 @@ class StatsOutput(_PartialOutput):
         for row in self.done_rows:
             rid = str(row.get(self.id_column))
             if rid not in expected:
-                raise InputError(f"--resume: {self.partial} has a row for '{rid}', which this run "
-                                 "does not write (a stats file of another run?); delete it")
+                raise SettingError.of("resume", f"{self.partial} has a row for '{rid}', which "
+                                      "this run does not write (a stats file of another run?); "
+                                      "delete it", sep=": ")
             for key, value in expected[rid].items():
                 want = self._cell(value)
                 got = row.get(key)
                 if got != want:
-                    raise InputError(f"--resume: {self.partial} has a row for '{rid}' with "
-                                     f"{key}={got}, this run has {key}={want}; rerun with the "
-                                     "same options or delete the .partial")
+                    raise SettingError.of("resume", f"{self.partial} has a row for '{rid}' with "
+                                          f"{key}={got}, this run has {key}={want}; rerun with "
+                                          "the same options or delete the .partial", sep=": ")
 
     def _cell(self, value: Any) -> Any:
         """`value` as a resumed row holds it (TSV: its cell text; JSONL: its JSON value)."""

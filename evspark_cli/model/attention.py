@@ -13,6 +13,7 @@ from .state import (
     KVCache,
     KVPending,
     KVState,
+    KVStaticWrite,
     Lengths,
     attention_groups,
     positions_index,
@@ -47,15 +48,21 @@ class RotaryEmbedding(nn.Module):
         return self._derived.covering("table", (self.inv_freq,), n, build,
                                       grow=lambda have: have + min(have, 1 << 16))
 
-    def forward(self, x: Tensor, t0: "Lengths | Tensor") -> Tensor:
+    def built_table(self) -> tuple[Tensor, Tensor]:
+        """The table as `table` last built it, unchecked (a captured graph's form, which must not
+        build it)."""
+        return self._derived.peek("table")
+
+    def forward(self, x: Tensor, t0: Lengths, position: Tensor | None = None) -> Tensor:
         """Rotate halves of x (B, k, ..., d_h); row b's positions are t0[b]..t0[b]+k-1.
 
-        `t0` is one int per row, or a (B,) device tensor (a captured graph's positions): the rows
-        are then gathered from a table that must already cover them (see graphs.py)."""
+        With `position` (the static form of a captured graph: the same t0 as a (B,) device
+        tensor) the rows are gathered from a table that must already cover them (see
+        graphs.py), and `t0` is not read."""
         B, k = x.shape[:2]
-        if isinstance(t0, Tensor):
-            cos, sin = self._derived.peek("table")
-            pos = (t0[:, None] + torch.arange(k, device=x.device)).reshape(-1)
+        if position is not None:
+            cos, sin = self.built_table()
+            pos = (position[:, None] + torch.arange(k, device=x.device)).reshape(-1)
             cos, sin = cos.index_select(0, pos), sin.index_select(0, pos)
             rows = B
         else:
@@ -85,20 +92,25 @@ class MHA(nn.Module):
         self.out_proj = nn.Linear(D, D, bias=cfg.mha_out_proj_bias)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rotary_emb_base, cfg.rope_scale)
 
-    def forward(self, u: Tensor, st: KVState | None, t0: "Lengths | Tensor",
-                residual: Tensor | None = None) -> tuple[Tensor, KVPending | None]:
-        """Attention output projected (plus `residual`), and the pending KV rows."""
+    def forward(self, u: Tensor, st: KVState | None, t0: Lengths,
+                residual: Tensor | None = None, position: Tensor | None = None
+                ) -> tuple[Tensor, KVPending | KVStaticWrite | None]:
+        """Attention output projected (plus `residual`), and the pending KV rows.
+
+        `position` (a (B,) device tensor of the rows' positions) selects the static form of a
+        captured graph: fixed shapes, positions read from the device, the KV write's books left
+        to the graph runner."""
         B, k, _ = u.shape
         qkv = linear(u, self.Wqkv.weight, self.Wqkv.bias).view(B, k, 3, self.heads, self.head_dim)
-        qk = self.rotary_emb.forward(qkv[:, :, :2], t0)  # queries and keys in one rotation
+        qk = self.rotary_emb.forward(qkv[:, :, :2], t0, position)  # q and k in one rotation
         q, key = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2)  # (B, H, k, d_h)
         val = qkv[:, :, 2].transpose(1, 2)
-        pending = None
+        pending: KVPending | KVStaticWrite | None = None
         if st is None:
             o = F.scaled_dot_product_attention(q, key, val, is_causal=True)
-        elif isinstance(t0, Tensor):  # captured graph: fixed shapes, the caller keeps the books
-            o = attend_static(q, key, val, st.cache, t0)
-            pending = KVPending(st.cache, (), -1)  # a placeholder: the runner makes the real one
+        elif position is not None:
+            o = attend_static(q, key, val, st.cache, position)
+            pending = st.static_pending()
         else:
             st.check()
             version = st.cache.write(t0, key, val)
@@ -119,8 +131,9 @@ class AttentionBlock(ResidualBlock):
         super().__init__(cfg, layer)
         self.inner_mha_cls = MHA(cfg)
 
-    def mix(self, h: Tensor, st: KVState | None, t0: "Lengths | Tensor", residual: Tensor):
-        return self.inner_mha_cls.forward(h, st, t0, residual)
+    def mix(self, h: Tensor, st: KVState | None, t0: Lengths, residual: Tensor,
+            position: Tensor | None = None):
+        return self.inner_mha_cls.forward(h, st, t0, residual, position)
 
     def empty_state(self, batch: int, capacity: int, dtype, device) -> KVState:
         return self.inner_mha_cls.empty_state(batch, capacity, dtype, device)

@@ -23,7 +23,7 @@ from ..bundled import default_model_dir
 from ..errors import InputError, ModelError
 from .config import ModelConfig
 from .layers import input_major
-from .memory import Budget, check_load_fits, load_bytes, memory_budget
+from .memory import Budget, check_load_fits, load_bytes, memory_budget, memory_refusal
 from .model import StripedHyena
 
 FP32_KEEP = ("filter.log_poles", "filter.residues", "rotary_emb.inv_freq")
@@ -39,7 +39,7 @@ def resolve_device(device: str | None) -> torch.device:
     if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
         raise InputError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelError("--device cuda requested but no CUDA device is available")
+        raise ModelError("{0} cuda requested but no CUDA device is available", "device")
     return torch.device(device)
 
 
@@ -255,7 +255,8 @@ def _check_output_dir(out: Path, inputs: tuple[Path, ...] = ()) -> None:
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a folder; give a new or existing folder")
     check_distinct([str(p) for p in inputs],
-                   [Output("--output", str(out / WEIGHTS)), Output("--output", str(out / CONFIG))])
+                   [Output("output", str(out / WEIGHTS), setting=True),
+                    Output("output", str(out / CONFIG), setting=True)])
     for name in (CONFIG, WEIGHTS):
         if os.path.lexists(out / name):
             raise InputError(f"{out} already holds a model ({name}); give a new folder or "
@@ -279,9 +280,9 @@ def convert_checkpoint(checkpoint: str | Path, config: str | Path, out_dir: str 
     _check_output_dir(Path(out_dir), (ckpt, Path(config)))
     cfg = ModelConfig.load(config)
     need = load_bytes(cfg, ckpt.stat().st_size)
-    reason = memory_budget("cpu", max_memory).refusal(need, f"converting {ckpt}")
+    reason = memory_budget("cpu", max_memory).refusal_template(need, f"converting {ckpt}")
     if reason is not None:
-        raise ModelError(f"{reason}; use a machine with more memory (or a larger --max-memory)")
+        raise memory_refusal(reason)
     raw = read_safetensors(ckpt) if ckpt.suffix == ".safetensors" else _read_pt(ckpt)
     tensors = evo2_to_evspark(raw, cfg)
     model = StripedHyena(cfg)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..errors import ModelError
 from ..files import read_bounded
 
@@ -108,17 +110,18 @@ class ModelConfig:
         sizes below 1, NaN or infinite numbers, layer lists that do not cover the layers."""
         if not isinstance(self.model_name, str):
             raise ModelError(f"config: model_name must be a string, got {self.model_name!r}")
+        fields = vars(self)  # the dataclass's values by field name
         for name in _BOOLS:
-            v = getattr(self, name)
+            v = fields[name]
             if not isinstance(v, bool):
                 raise ModelError(f"config: {name} must be true or false, got {v!r}")
         for name in _FLOATS:
-            v = getattr(self, name)
+            v = fields[name]
             if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                     or v <= 0):
                 raise ModelError(f"config: {name} must be a finite number > 0, got {v!r}")
         for name in ("hcs_layer_idxs", "hcm_layer_idxs", "hcl_layer_idxs", "attn_layer_idxs"):
-            v = getattr(self, name)
+            v = fields[name]
             if not isinstance(v, list) or not all(_is_int(i) for i in v):
                 raise ModelError(f"config: {name} must be a list of layer indices, got "
                                  f"{_short(v)}")
@@ -128,7 +131,7 @@ class ModelConfig:
             raise ModelError("config: hidden_layers must be null or a non-empty list of layer "
                              f"indices, got {_short(self.hidden_layers)}")
         for name in _SIZES:
-            v = getattr(self, name)
+            v = fields[name]
             if not _is_int(v) or v < 1:
                 raise ModelError(f"config: {name} must be an integer >= 1, got {_short(v)}")
         if self.inner_mlp_size is not None and (not _is_int(self.inner_mlp_size)
@@ -176,13 +179,14 @@ class ModelConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelConfig":
-        """Read config.json, or an Evo 2 YAML (flat key: value file) by extension."""
+        """Read config.json, or an Evo 2 YAML (flat key: value file, `parse_yaml`) by
+        extension."""
         p = Path(path)
         kind = "YAML" if p.suffix in (".yml", ".yaml") else "JSON"
         raw = read_bounded(p, MAX_CONFIG_BYTES, f"config {p}", "model config")
         try:
             text = raw.decode("utf-8-sig")
-            data = parse_flat_yaml(text) if kind == "YAML" else json.loads(text)
+            data = parse_yaml(text) if kind == "YAML" else json.loads(text)
         except (ValueError, RecursionError) as e:  # RecursionError: absurdly deep nesting
             why = "nested too deeply" if isinstance(e, RecursionError) else " ".join(
                 str(e).split())[:200]
@@ -231,64 +235,12 @@ def _coerce(name: str, value: Any, typ: str) -> Any:
     return value
 
 
-def _scalar(text: str) -> Any:
-    t = text.strip()
-    if t == "":
-        return None
-    if t[0] in "\"'" and t[-1] == t[0]:
-        return t[1:-1]
-    low = t.lower()
-    if low in ("true", "yes"):
-        return True
-    if low in ("false", "no"):
-        return False
-    if low in ("null", "none", "~"):
-        return None
+def parse_yaml(text: str) -> Any:
+    """An Evo 2 YAML config (``evo2/configs/*.yml``: flat ``key: value`` lines, inline and block
+    lists, comments) read by PyYAML's safe loader; ValueError (one line) when it is not YAML.
+    `ModelConfig.load` refuses what is not a mapping, and `from_dict` converts the values by
+    field type (YAML 1.1 reads `1e-6` as a string)."""
     try:
-        return int(t)
-    except ValueError:
-        pass
-    try:
-        return float(t)
-    except ValueError:
-        return t
-
-
-def parse_flat_yaml(text: str) -> dict[str, Any]:
-    """Read the flat ``key: value`` YAML of Evo 2 configs (scalars and ``[a, b]`` lists).
-
-    PyYAML is used when installed; this fallback keeps the dependency list short.
-    """
-    try:
-        import yaml  # type: ignore
-    except ImportError:
-        yaml = None
-    if yaml is not None:
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ValueError(" ".join(str(e).split())) from None
-    out: dict[str, Any] = {}
-    key_for_list: str | None = None
-    for raw in text.splitlines():
-        line = raw.split(" #")[0].rstrip() if not raw.lstrip().startswith("#") else ""
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("- ") and key_for_list is not None:
-            out[key_for_list].append(_scalar(line.lstrip()[2:]))
-            continue
-        if ":" not in line:
-            raise ValueError(f"cannot parse line: {raw!r}")
-        k, v = line.split(":", 1)
-        k, v = k.strip(), v.strip()
-        if v.startswith("[") and v.endswith("]"):
-            inner = v[1:-1].strip()
-            out[k] = [_scalar(x) for x in inner.split(",")] if inner else []
-            key_for_list = None
-        elif v == "":
-            out[k] = []
-            key_for_list = k
-        else:
-            out[k] = _scalar(v)
-            key_for_list = None
-    return out
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(" ".join(str(e).split())) from None

@@ -37,10 +37,14 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import Tensor
 
+from .layers import derived_values
 from .state import Block, InferenceState
 
 if TYPE_CHECKING:
     from .model import StripedHyena
+
+StaticPass = Callable[[InferenceState, Tensor, Tensor], list[Tensor]]
+"""(state, ids, position) -> [logits, hidden, per-position tensors]: `model.extend_static`."""
 
 MAX_GRAPH_BLOCK = 64  # longer blocks are prefill chunks: eager
 MAX_RECORDINGS = 4  # e.g. the step and the verification block for two live prompts
@@ -67,12 +71,17 @@ def static_state(state: InferenceState) -> InferenceState:
 
 
 class GraphRunner:
-    """Serves `model.extend` for short blocks from recordings, one per (shape, KV caches)."""
+    """Serves `model.extend` for short blocks from recordings, one per (shape, KV caches).
 
-    def __init__(self, model: "StripedHyena", backend: str = "cuda") -> None:
+    `static_pass` is the pass it records, replays or compiles (`model.extend_static`); blocks
+    it does not serve go to `model.extend_eager`."""
+
+    def __init__(self, model: "StripedHyena", static_pass: StaticPass,
+                 backend: str = "cuda") -> None:
         if backend not in ("cuda", "eager", "compile"):
             raise ValueError("backend must be 'cuda', 'eager' or 'compile'")
         self.model = model
+        self.static_pass = static_pass
         self.backend = backend
         self.recordings: OrderedDict[tuple, Recording] = OrderedDict()
         self.sightings: OrderedDict[tuple, int] = OrderedDict()  # keys met once, not recorded
@@ -149,7 +158,7 @@ class GraphRunner:
         view = compile_view(model, state)
         position = torch.tensor(state.lengths, dtype=torch.long, device=ids.device)
         try:
-            outs = fn(model, ids, position, view)
+            outs = fn(self.static_pass, ids, position, view)
         except Exception as exc:  # noqa: BLE001 - a compiler failure: fall back to eager
             return self._give_up(exc, state, ids)
         self.replays += 1
@@ -164,7 +173,7 @@ class GraphRunner:
         s_state = static_state(state)
 
         def run() -> list[Tensor]:
-            return static_form(model, s_ids, s_pos, s_state)
+            return static_form(self.static_pass, s_ids, s_pos, s_state)
 
         if self.backend == "eager":
             outs = run()
@@ -183,8 +192,7 @@ class GraphRunner:
             with torch.cuda.graph(graph):
                 outs = run()
             replay = graph.replay
-        pinned = [entry for m in model.modules() if hasattr(m, "_derived")
-                  for entry in m._derived._cache.values()]
+        pinned = derived_values(model)
         return Recording(s_ids, s_pos, s_state.fixed(), outs, replay, pinned)
 
 
@@ -200,12 +208,11 @@ def _cover_rotary(model: "StripedHyena", state: InferenceState) -> None:
 _CODES: dict[int, CodeType] = {}  # block length -> the code object its compiled form hangs on
 
 
-def static_form(model: "StripedHyena", ids: Tensor, position: Tensor, state: InferenceState
+def static_form(static_pass: StaticPass, ids: Tensor, position: Tensor, state: InferenceState
                 ) -> list[Tensor]:
-    """extend(k) in the static form, as a flat list: logits, hidden, per-position states."""
-    logits, hidden, block = model._run(ids, state, True, position=position)
-    assert hidden is not None and block is not None
-    return [logits, hidden] + block.outputs()
+    """extend(k) in the static form, as a flat list: logits, hidden, per-position states (the
+    function `compile_static_form` compiles once per block length)."""
+    return static_pass(state, ids, position)
 
 
 def compile_static_form(k: int) -> Callable:
@@ -234,7 +241,7 @@ def compile_view(model: "StripedHyena", state: InferenceState) -> InferenceState
         _cover_rotary(model, state)
         for blk in model.blocks:
             if blk.kind == "attn":
-                for t in blk.inner_mha_cls.rotary_emb._derived.peek("table"):
+                for t in blk.inner_mha_cls.rotary_emb.built_table():
                     torch._dynamo.mark_dynamic(t, 0)
     return state.with_fixed([_dense(t) for t in state.fixed()], (0,) * state.batch)
 

@@ -26,7 +26,15 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .layers import Derived, ResidualBlock, linear
-from .state import FIRPending, FIRWindow, HyenaPending, HyenaState, ModalPending, ModalState
+from .state import (
+    FIRPending,
+    FIRWindow,
+    HyenaPending,
+    HyenaState,
+    ModalInputs,
+    ModalSigmas,
+    ModalState,
+)
 
 SHORT_BLOCK = 64  # blocks up to this length: LI states by the step recurrence (inference) or a
 # k x k product (training), FIRs by multiply-adds or unfolded windows (few taps), or Toeplitz GEMMs
@@ -261,14 +269,14 @@ class HyenaFilter(nn.Module):
         if k == 1 and st is not None:  # a decode step: sigma_1 = p sigma_0 + w_1
             sigma = torch.addcmul(w, self.step_poles(), st.sigma)  # (B, D, 1) + (D, S) * (B, D, S)
             c = (sigma * R).sum(-1, keepdim=True) + Dskip
-            return c, ModalPending(sigma[..., None], None, None, None)
+            return c, ModalSigmas(sigma[..., None])
         if k <= SHORT_BLOCK:
             powers, tri = self.li_toeplitz(k)
             sigmas = torch.einsum("dsji,bdi->bdsj", tri, w)
             if st is not None:
                 sigmas = sigmas + powers * st.sigma[..., None]
             c = torch.einsum("bdsj,ds->bdj", sigmas, R) + Dskip
-            pending = ModalPending(sigmas, None, None, None) if st is not None else None
+            pending = ModalSigmas(sigmas) if st is not None else None
             return c, pending
         # long block: FFT convolution with the impulse response, plus the decayed initial state
         h = self.li_impulse(k)
@@ -279,7 +287,7 @@ class HyenaFilter(nn.Module):
         if st is not None:
             if bool(st.sigma.any()):  # a prompt's first chunk starts from zeros: nothing decays
                 c = c + self._decayed_state_output(st.sigma, lam, R, k)
-            pending = ModalPending(None, st.sigma, w, lam)
+            pending = ModalInputs(st.sigma, w, lam)
         return c, pending
 
     def _li_scan(self, w: Tensor, sigma0: Tensor):
@@ -298,7 +306,7 @@ class HyenaFilter(nn.Module):
         for w_j, sig_j in zip(w.unsqueeze(-1).unbind(1), sig.unbind(1)):
             prev = torch.addcmul(w_j, p1, prev, out=sig_j)
         c = (sig * R).sum(-1) + self.D.float() * w  # (B, k, D)
-        return c, ModalPending(sig.permute(0, 2, 3, 1), None, None, None)
+        return c, ModalSigmas(sig.permute(0, 2, 3, 1))
 
     @staticmethod
     def _decayed_state_output(sigma0: Tensor, lam: Tensor, R: Tensor, k: int) -> Tensor:
@@ -327,8 +335,8 @@ class HyenaBlock(ResidualBlock):
         self.filter = HyenaFilter(cfg, kind)
         self.out_filter_dense = nn.Linear(D, D, bias=cfg.hyena_out_proj_bias)
 
-    def mix(self, u: Tensor, st: HyenaState | None, t0, residual: Tensor
-            ) -> tuple[Tensor, HyenaPending | None]:
+    def mix(self, u: Tensor, st: HyenaState | None, t0, residual: Tensor,
+            position: Tensor | None = None) -> tuple[Tensor, HyenaPending | None]:
         act = u.dtype
         p = linear(u, self.projections.weight).float()  # (B, k, 3D)
         block = (st is not None and 1 < u.shape[1] <= SHORT_BLOCK

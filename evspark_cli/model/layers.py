@@ -25,7 +25,7 @@ class Derived:
     def get(self, name: str, sources: tuple[Tensor, ...], build: Callable[[], Any]) -> Any:
         if torch.is_grad_enabled():
             return build()
-        if torch.compiler.is_compiling():  # traced once: what is cached now is what runs
+        if torch.compiler.is_compiling():  # traced once: what is cached at tracing is what runs
             hit = self._cache.get(name)
             return hit[1] if hit is not None else build()
         # inference tensors (a model moved or loaded under inference_mode) have no version
@@ -63,18 +63,28 @@ class Derived:
     def drop(self, name: str) -> None:
         self._cache.pop(name, None)
 
+    def values(self) -> list[Any]:
+        """Every cached value (what a recorded graph reads, and keeps alive)."""
+        return [value for _, value in self._cache.values()]
+
+
+def derived_values(module: nn.Module) -> list[Any]:
+    """The cached derived values of `module` and of every module inside it."""
+    return [value for m in module.modules() for d in vars(m).values() if isinstance(d, Derived)
+            for value in d.values()]
+
 
 def input_major(module: nn.Module, extra: tuple[Tensor, ...] = ()) -> None:
     """Store the CPU weights of `module`'s projections (and the (out, in) matrices in `extra`)
     input-major: the same values in (in, out) row-major storage, seen through `.t()`.
 
     Why: for the 1-16-row products of decoding and verification, `linear` then splits each
-    product over the cores by column slices of that storage; on the AMD EPYC it was chosen on,
-    even unsplit, MKL streamed it from DRAM faster than the (out, in) layout. This depends on
-    the CPU: on an Intel Xeon the (out, in) layout was the faster one
+    product over the cores by column slices of that storage; on the AMD EPYC this layout is
+    measured on, even unsplit, MKL streams it from DRAM faster than the (out, in) layout. This
+    depends on the CPU: on an Intel Xeon the (out, in) layout is the faster one
     (`benchmarks/weight_layout.py`, `benchmarks/results/weight_layout.json`). Names, values
     and `state_dict()` are unchanged (checkpoints are written `.contiguous()`). fp32 CPU weights
-    only: with bf16 weights this layout made a CPU step ~15 % slower, and CUDA does not need it.
+    only: with bf16 weights this layout makes a CPU step ~15 % slower, and CUDA does not need it.
     """
     weights = [m.weight for m in module.modules() if isinstance(m, nn.Linear)] + list(extra)
     with torch.no_grad():
@@ -205,12 +215,11 @@ def gelu(x: Tensor) -> Tensor:
 
     Why: on CPU `F.gelu` hands a contiguous fp32 or bf16 tensor to a oneDNN primitive, and a
     strided one to ATen's kernel. A decode step's one-row activations are contiguous, a
-    verification block's (a chunk of the fused MLP product) are not, so the two took different
-    kernels and rounded differently; and the oneDNN call cost several times ATen's inside a
-    decode step. Seen as a
-    transposed (2, n/2) grid the same memory is strided, so every call takes ATen's kernel, whose
-    output keeps that memory order. Elsewhere (CUDA, odd sizes, training under autograd) this is
-    `F.gelu` itself."""
+    verification block's (a chunk of the fused MLP product) are not, so through `F.gelu` alone
+    the two would take different kernels and round differently, and the oneDNN call costs
+    several times ATen's inside a decode step. Seen as a transposed (2, n/2) grid the same
+    memory is strided, so every call takes ATen's kernel, whose output keeps that memory order.
+    Elsewhere (CUDA, odd sizes, training under autograd) this is `F.gelu` itself."""
     n = x.numel()
     if x.device.type != "cpu" or x.requires_grad or not x.is_contiguous() or n % 2 or n == 0:
         return F.gelu(x)
@@ -255,14 +264,17 @@ class ResidualBlock(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.eps)
         self.mlp = GatedMLP(cfg, layer)
 
-    def mix(self, h: Tensor, st, t0, residual: Tensor):  # pragma: no cover - abstract
+    def mix(self, h: Tensor, st, t0, residual: Tensor,
+            position: Tensor | None):  # pragma: no cover - abstract
         """residual + the mixer's output for h, and the layer's pending state."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, st, t0):
-        """`t0`: each row's position before x (a tuple of ints, or a (B,) device tensor in a
-        recorded graph); only attention reads it."""
+    def forward(self, x: Tensor, st, t0, position: Tensor | None = None):
+        """`t0`: each row's position before x, one int per row. `position`, when given, is the
+        static form of a recorded graph: the same positions as a (B,) device tensor, which
+        attention reads instead of `t0`. Only attention reads either."""
         # norms and MLP called as functions: no module dispatch on the per-token path; the
         # residual adds happen inside the output projections (`linear(..., residual=x)`)
-        x, pending = self.mix(rms_norm(x, self.pre_norm.scale, self.pre_norm.eps), st, t0, x)
+        x, pending = self.mix(rms_norm(x, self.pre_norm.scale, self.pre_norm.eps), st, t0, x,
+                              position)
         return self.mlp.forward(rms_norm(x, self.post_norm.scale, self.post_norm.eps), x), pending

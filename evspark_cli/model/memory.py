@@ -13,8 +13,8 @@ one line instead of failing (or swapping) after minutes. They count what the eng
 
 Loading is estimated too (`check_load_fits`): a config that asks for a model far larger than
 its weights file, or than the machine, is refused before a single tensor is built. The budget
-(`memory_budget`) is the memory available, or less where `--max-memory` / EVSPARK_MAX_MEMORY
-say so, and every refusal names the estimate and which limit it broke.
+(`memory_budget`) is the memory available, or less where the `max_memory` setting or
+EVSPARK_MAX_MEMORY say so, and every refusal names the estimate and which limit it broke.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import InputError, ModelError, SettingError
+from ..errors import InputError, ModelError, SettingError, literal
 from .config import ModelConfig
 
 FP32 = 4
@@ -162,19 +162,38 @@ def available_bytes(device: torch.device | str = "cpu") -> int | None:
     return min(b for b, _ in found) if found else None
 
 
+MAX_MEMORY = "max_memory"
+"""The setting that caps a run's memory (the command line's `--max-memory`)."""
+
+
 @dataclass(frozen=True)
 class Budget:
     """The bytes a run may use (None: unknown, nothing is refused) and the limit that says so,
-    named in a refusal ("--max-memory", "available memory"...)."""
+    named in a refusal ("available memory", "max_memory less the model"...). `setting` is the
+    setting the limit came from (`max_memory`), which `source` names by its Python name."""
 
     bytes: int | None
     source: str = "available memory"
+    setting: str | None = None
 
     def refusal(self, need: int, what: str) -> str | None:
         """A one-line reason to refuse `what` needing `need` bytes, or None when it fits."""
+        reason = self.refusal_template(need, what)
+        return None if reason is None else reason.format(self.setting)
+
+    def refusal_template(self, need: int, what: str, slot: int = 0) -> str | None:
+        """`refusal` as an error template (errors.py) with the limit's setting, when it is one,
+        as `{slot}`: the error names `max_memory` at that position, e.g.
+        `ModelError(reason + "; ...", "max_memory")` for slot 0."""
         if self.bytes is None or need <= self.bytes:
             return None
-        return f"{what} needs about {gib(need)} of memory, {self.source} is {gib(self.bytes)}"
+        return (literal(f"{what} needs about {gib(need)} of memory, ") + self.named(slot)
+                + literal(f" is {gib(self.bytes)}"))
+
+    def named(self, slot: int = 0) -> str:
+        """`source` as an error template, its setting (if any) as `{slot}`."""
+        text = literal(self.source)
+        return text if self.setting is None else text.replace(self.setting, f"{{{slot}}}", 1)
 
 
 def memory_budget(device: torch.device | str = "cpu",
@@ -186,23 +205,25 @@ def memory_budget(device: torch.device | str = "cpu",
         limit = parse_size(max_memory) if isinstance(max_memory, str) else int(max_memory)
         if limit <= 0:
             raise SettingError.of("max_memory", f"must be positive, got {max_memory!r}")
-        found.append((limit, "--max-memory"))
+        found.append((limit, MAX_MEMORY))
     if not found:
         return Budget(None)
-    return Budget(*min(found, key=lambda f: f[0]))
+    nbytes, source = min(found, key=lambda f: f[0])
+    return Budget(nbytes, source, MAX_MEMORY if source == MAX_MEMORY else None)
 
 
 def run_budget(device: torch.device | str, max_memory: str | int | None,
                loaded_bytes: int) -> Budget:
     """What a run may still use once its model (`loaded_bytes`) is in memory: the available
-    memory read now (which no longer counts the model), or a fixed limit (--max-memory,
+    memory read now (which excludes the loaded model), or a fixed limit (`max_memory`,
     EVSPARK_MAX_MEMORY, which counts the whole run) less the model."""
     found = []
-    for nbytes, source in _limits(device) + ([(parse_size(max_memory), "--max-memory")]
+    for nbytes, source in _limits(device) + ([(parse_size(max_memory), MAX_MEMORY)]
                                              if max_memory is not None else []):
-        fixed = source in ("--max-memory", "EVSPARK_MAX_MEMORY")
+        fixed = source in (MAX_MEMORY, "EVSPARK_MAX_MEMORY")
         found.append((max(nbytes - loaded_bytes, 0) if fixed else nbytes,
-                      f"{source} less the model" if fixed else source))
+                      f"{source} less the model" if fixed else source,
+                      MAX_MEMORY if source == MAX_MEMORY else None))
     return Budget(*min(found, key=lambda f: f[0])) if found else Budget(None)
 
 
@@ -248,12 +269,18 @@ def check_load_fits(cfg: ModelConfig, weights_elements: int, weights_bytes: int,
         raise ModelError(f"{what}: its config implies {count(n)} parameters but its weights "
                          f"file holds {count(weights_elements)} numbers (config and weights "
                          "disagree)")
-    reason = budget.refusal(load_bytes(cfg, weights_bytes), f"loading {what}")
+    reason = budget.refusal_template(load_bytes(cfg, weights_bytes), f"loading {what}")
     if reason is None and device_budget is not None:
         item = torch.empty((), dtype=dtype).element_size()
-        reason = device_budget.refusal(n * item, f"{what} on the GPU")
+        reason = device_budget.refusal_template(n * item, f"{what} on the GPU")
     if reason is not None:
-        raise ModelError(f"{reason}; use a machine with more memory (or a larger --max-memory)")
+        raise memory_refusal(reason)
+
+
+def memory_refusal(reason: str) -> ModelError:
+    """A ModelError for a `Budget.refusal_template` (slot 0): what does not fit, and the way
+    out (a bigger machine, or a larger `max_memory`)."""
+    return ModelError(reason + "; use a machine with more memory (or a larger {0})", MAX_MEMORY)
 
 
 def count(n: int) -> str:
@@ -287,11 +314,12 @@ def check_batch_fits(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: tor
     if need <= budget.bytes:
         return
     fits = largest_batch(cfg, weight_dtype, act_dtype, context, block, budget.bytes, loaded)
-    hint = (f"the largest batch that fits is {fits} (--batch-size {fits})" if fits
-            else "not even one row fits: use a shorter --prompt-tail or fewer tokens")
-    limit = "is available" if budget.source == "available memory" else f"({budget.source})"
-    raise InputError(f"a batch of {rows} rows at a context of {context:,} tokens needs about "
-                     f"{gib(need)} of memory, {gib(budget.bytes)} {limit}; {hint}")
+    hint = (f"the largest batch that fits is {fits} ({{1}} {fits})" if fits
+            else "not even one row fits: use a shorter {2} or fewer tokens")
+    limit = "is available" if budget.source == "available memory" else f"({budget.named(0)})"
+    raise SettingError(f"a batch of {rows} rows at a context of {context:,} tokens needs about "
+                       f"{gib(need)} of memory, {gib(budget.bytes)} {limit}; {hint}",
+                       MAX_MEMORY, "batch_size", "prompt_tail")
 
 
 def largest_batch(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dtype,

@@ -55,12 +55,12 @@ class StripedHyena(nn.Module):
         the graph-capturable form: attention then reads its positions from the device
         (graphs.py)."""
         x = F.embedding(ids, self._lookup_table())
-        t0 = state.lengths if state is not None else (0,) * ids.shape[0]
-        where: Lengths | Tensor = t0 if position is None else position
+        t0: Lengths = state.lengths if state is not None else (0,) * ids.shape[0]
         keep: list[Tensor] = []
         pendings = []
         for i, blk in enumerate(self.blocks):
-            x, pending = blk.forward(x, state.layers[i] if state is not None else None, where)
+            x, pending = blk.forward(x, state.layers[i] if state is not None else None, t0,
+                                     position)
             pendings.append(pending)
             if hidden and i in self.hidden_layers:
                 keep.append(x)
@@ -105,6 +105,19 @@ class StripedHyena(nn.Module):
         assert hid is not None and block is not None
         return logits, hid, block
 
+    def extend_static(self, state: InferenceState, ids: Tensor, position: Tensor
+                      ) -> list[Tensor]:
+        """`extend` in the static form that graphs.py records or compiles, as a flat list:
+        logits, hidden, then the block's per-position tensors (`Block.outputs()` order).
+
+        `position` (B,) holds each row's position on the device and stands for state.lengths:
+        attention writes its keys there and attends over each whole KV cache under a mask, so
+        every shape is fixed by the caches' capacities. The caches' version books are the
+        caller's (`InferenceState.block_from` builds the block to commit)."""
+        logits, hid, block = self._run(ids, state, True, position=position)
+        assert hid is not None and block is not None
+        return [logits, hid] + block.outputs()
+
     def use_graphs(self, backend: str | None = "cuda") -> None:
         """Replay decode steps and verification blocks from recorded graphs (None: eager).
 
@@ -113,7 +126,8 @@ class StripedHyena(nn.Module):
         it on CPU. See graphs.py."""
         from .graphs import GraphRunner
 
-        self.graphs = GraphRunner(self, backend) if backend is not None else None
+        self.graphs = (GraphRunner(self, self.extend_static, backend) if backend is not None
+                       else None)
 
     def prefill(self, ids: Tensor, keep_last: int | None = None, reserve: int = 2048,
                 chunk: int | None = None) -> tuple[Tensor, Tensor, InferenceState]:

@@ -159,8 +159,9 @@ class ModalState:
     def with_fixed(self, it: Iterator[Tensor]) -> "ModalState":
         return ModalState(next(it))
 
-    def pending_from(self, it: Iterator[Tensor]) -> "ModalPending":
-        return ModalPending(next(it), None, None, None)
+    def pending_from(self, it: Iterator[Tensor]) -> "ModalSigmas":
+        """The pending state whose per-position states are the next tensor of `it`."""
+        return ModalSigmas(next(it))
 
     def select(self, rows: Sequence[int]) -> "ModalState":
         return ModalState(self.sigma.index_select(0, _index(rows, self.sigma.device)))
@@ -177,26 +178,34 @@ class ModalState:
 
 
 @dataclass
-class ModalPending:
-    """The per-position modal states of a block.
+class ModalSigmas:
+    """A short block's modal states at every position, sigma_1..sigma_k (decode steps,
+    verification blocks): `extend` computes them because the outputs need them, and commit(j)
+    picks sigma_j for each row."""
 
-    Short blocks (verification) compute all sigma_1..sigma_k in `extend` because the outputs need
-    them; commit(j) picks one per row. Long blocks (prefill chunks) produce outputs by FFT and
-    keep the block inputs w, so commit(j) forms sigma_j = p^j sigma_0 + sum_{i<=j} p^{j-i} w_i.
-    """
-
-    sigmas: Tensor | None  # (B, D, S, k)
-    sigma0: Tensor | None  # (B, D, S)
-    w: Tensor | None  # (B, D, k) fp32
-    log_poles: Tensor | None  # (D, S) fp32
+    sigmas: Tensor  # (B, D, S, k)
 
     def commit(self, j: Lengths) -> ModalState:
-        if self.sigmas is not None:
-            if same_position(j):
-                return ModalState(self.sigmas[..., j[0] - 1])
-            rows = torch.arange(len(j), device=self.sigmas.device)
-            return ModalState(self.sigmas[rows, :, :, _index(j, self.sigmas.device) - 1])
-        assert self.w is not None and self.log_poles is not None and self.sigma0 is not None
+        if same_position(j):
+            return ModalState(self.sigmas[..., j[0] - 1])
+        rows = torch.arange(len(j), device=self.sigmas.device)
+        return ModalState(self.sigmas[rows, :, :, _index(j, self.sigmas.device) - 1])
+
+    def outputs(self) -> list[Tensor]:
+        return [self.sigmas]
+
+
+@dataclass
+class ModalInputs:
+    """A long block's (a prefill chunk's) start state and inputs: its outputs come from an FFT,
+    which forms no per-position state, so commit(j) forms
+    sigma_j = p^j sigma_0 + sum_{i<=j} p^(j-i) w_i."""
+
+    sigma0: Tensor  # (B, D, S)
+    w: Tensor  # (B, D, k) fp32
+    log_poles: Tensor  # (D, S) fp32
+
+    def commit(self, j: Lengths) -> ModalState:
         if same_position(j):
             return ModalState(modal_state_after(self.sigma0, self.w[..., : j[0]], self.log_poles))
         return ModalState(torch.cat([
@@ -204,8 +213,11 @@ class ModalPending:
             for b, jb in enumerate(j)]))
 
     def outputs(self) -> list[Tensor]:
-        assert self.sigmas is not None, "short blocks keep per-position modal states"
-        return [self.sigmas]
+        raise TypeError("a long block has no per-position modal states (graphs record only "
+                        "short blocks)")
+
+
+ModalPending = Union[ModalSigmas, ModalInputs]  # a Hyena-LI layer's pending state
 
 
 def modal_state_after(sigma0: Tensor, w: Tensor, log_poles: Tensor, chunk: int = 2048) -> Tensor:
@@ -268,11 +280,7 @@ class KVCache:
         """Exactly `cap` positions per row, when it holds fewer (one copy of the live rows)."""
         if cap <= self.capacity:
             return
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            new = old.new_zeros(old.shape[0], old.shape[1], cap, old.shape[3])
-            new[:, :, : old.shape[2]] = old
-            setattr(self, name, new)
+        self.k, self.v = _regrown(self.k, cap), _regrown(self.v, cap)
 
     def write(self, t0: Lengths, k: Tensor, v: Tensor) -> int:
         """Store k, v (B, H, n, d_h) at rows t0[b]..t0[b]+n-1 of each row; the new version."""
@@ -327,13 +335,8 @@ class KVCache:
         c.version, c.starts = 0, deque(maxlen=WRITE_HISTORY)
         idx = _index(rows, self.k.device)
         keep = min(max(lengths, default=0), self.capacity)
-        for name in ("k", "v"):
-            src = getattr(self, name)
-            new = src.new_zeros(len(rows), src.shape[1], cap, src.shape[3])
-            new[:, :, :keep] = src.index_select(0, idx)[:, :, :keep]
-            for b, n in enumerate(lengths):  # scratch of a copied row: zero, like a new cache
-                new[b, :, n:keep] = 0
-            setattr(c, name, new)
+        c.k = _rows_copied(self.k, idx, lengths, cap, keep)
+        c.v = _rows_copied(self.v, idx, lengths, cap, keep)
         return c
 
     def put(self, slots: Sequence[int], src: "KVCache", lengths: Lengths) -> None:
@@ -364,6 +367,23 @@ class KVCache:
         c.k, c.v = self.k[:last], self.v[:last]
         c.version, c.starts = 0, deque(maxlen=WRITE_HISTORY)
         return c
+
+
+def _regrown(old: Tensor, cap: int) -> Tensor:
+    """A (B, H, cap, d_h) copy of a cache tensor's rows, zeros past its old capacity."""
+    new = old.new_zeros(old.shape[0], old.shape[1], cap, old.shape[3])
+    new[:, :, : old.shape[2]] = old
+    return new
+
+
+def _rows_copied(src: Tensor, idx: Tensor, lengths: Lengths, cap: int, keep: int) -> Tensor:
+    """Rows `idx` of a cache tensor, (n, H, cap, d_h), each kept up to its length: a copied
+    row's scratch is zero, as in a new cache."""
+    new = src.new_zeros(len(idx), src.shape[1], cap, src.shape[3])
+    new[:, :, :keep] = src.index_select(0, idx)[:, :, :keep]
+    for b, n in enumerate(lengths):
+        new[b, :, n:keep] = 0
+    return new
 
 
 ROW_CALL_KEYS = 512  # what one more attention call costs, in keys attended (CPU, measured)
@@ -428,6 +448,11 @@ class KVState:
         """A replayed graph wrote rows t0.. of this cache: its pending, with the books kept."""
         return KVPending(self.cache, t0, self.cache.note_write(t0))
 
+    def static_pending(self) -> "KVStaticWrite":
+        """What the static form (a recorded graph) leaves for this layer: rows written at device
+        positions, whose books the runner keeps (`pending_from`)."""
+        return KVStaticWrite(self.cache)
+
     def named(self, name: str) -> dict[str, Tensor]:
         """Keys and values up to the lengths in vortex's cache layout (B, L, H, d_h); rows at
         different positions padded with zeros."""
@@ -474,6 +499,8 @@ class KVState:
 
 @dataclass
 class KVPending:
+    """A block's KV rows, written at rows t0.. of each row as cache version `version`."""
+
     cache: KVCache
     t0: Lengths
     version: int
@@ -482,6 +509,22 @@ class KVPending:
         if self.cache.version != self.version:
             raise StaleBlockError("this block's KV rows were overwritten by a later extend")
         return KVState(self.cache, tuple([t + n for t, n in zip(self.t0, j)]), self.version)
+
+    def outputs(self) -> list[Tensor]:
+        return []
+
+
+@dataclass
+class KVStaticWrite:
+    """The KV rows a static-form pass (a recorded graph) wrote at device positions. The pass
+    cannot count the write, so this is never committed: the graph runner builds the block from
+    the state it replayed on (`InferenceState.block_from`, `KVState.pending_from`), keeping the
+    cache's books itself."""
+
+    cache: KVCache
+
+    def commit(self, j: Lengths) -> KVState:
+        raise TypeError("a static-form block commits through InferenceState.block_from")
 
     def outputs(self) -> list[Tensor]:
         return []

@@ -156,6 +156,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+_DTYPES: dict[str, torch.dtype] = {_dtype_name(d): d for d in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool)}
+"""The dtypes a shard index may name (what safetensors stores), by their index names."""
+
+
+def _dtype_named(name: object) -> torch.dtype:
+    """The dtype an index names; ValueError for any other name."""
+    dtype = _DTYPES.get(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise ValueError(f"shard index: unknown dtype {name!r}")
+    return dtype
+
+
 class ShardWriter:
     """Append rows of named tensors; write them as fixed-size safetensors shards + index.json.
 
@@ -429,10 +443,8 @@ class ShardReader:
 
     def _info_for_key(self, key: str) -> tuple[list[int], torch.dtype]:
         for name, info in self.tensors.items():
-            if key == name:
-                return info["shape"], getattr(torch, info["dtype"])
-            if key == name + _PAYLOAD_SUFFIX:
-                return info["shape"], getattr(torch, info["dtype"])
+            if key in (name, name + _PAYLOAD_SUFFIX):
+                return info["shape"], _dtype_named(info["dtype"])
             if key == name + _SCALE_SUFFIX:
                 return info["shape"][:-1], torch.float32
         raise KeyError(key)

@@ -25,10 +25,10 @@ import torch
 from ..alphabet import BASE_IDS
 from ..decode.drafters.dspark import DSparkConfig, DSparkNet, save_drafter
 from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
-from ..errors import InputError, SettingError, at_least
+from ..errors import SettingError, at_least, literal
 from ..files import atomic_path
 from ..model.checkpoint import WEIGHTS, load_model, resolve_device, weights_hash
-from ..model.memory import memory_budget
+from ..model.memory import MAX_MEMORY, memory_budget
 from ..model.model import StripedHyena
 from .codec import EncodedRows, ShardReader, ShardWriter, decode, encode
 from .corpus import Corpus
@@ -54,8 +54,8 @@ class CacheConfig:
 
     def __post_init__(self) -> None:  # checked once, when built
         at_least("window", self.window, 1)
-        for name in ("natural_windows", "onpolicy_windows"):
-            at_least(name, getattr(self, name), 0)
+        at_least("natural_windows", self.natural_windows, 0)
+        at_least("onpolicy_windows", self.onpolicy_windows, 0)
         if self.natural_windows + self.onpolicy_windows < 1:
             raise SettingError("{0} plus {1} must be >= 1", "natural_windows", "onpolicy_windows")
 
@@ -92,13 +92,14 @@ class DistillConfig:
     device: str = "auto"  # where the drafter trains; the cache stays in host memory
 
     def __post_init__(self) -> None:  # checked once, when built
-        for name in ("steps", "batch", "gamma"):
-            at_least(name, getattr(self, name), 1)
+        at_least("steps", self.steps, 1)
+        at_least("batch", self.batch, 1)
+        at_least("gamma", self.gamma, 1)
         if self.gamma > self.gamma_max:
             raise SettingError.of("gamma", f"must be <= {self.gamma_max} (the drafter's largest "
                                            "block)")
-        for name in ("layers", "prefix_len"):
-            at_least(name, getattr(self, name), 1)
+        at_least("layers", self.layers, 1)
+        at_least("prefix_len", self.prefix_len, 1)
         if self.width < self.heads or self.width % self.heads:
             raise SettingError.of("width", f"must be a positive multiple of {self.heads} (the "
                                            f"drafter's heads), got {self.width}")
@@ -190,11 +191,13 @@ def prepare_cache(cfg: CacheConfig, log: Callable[[str], None] = print,
         meta = json.loads((out / "index.json").read_text()).get("metadata", {})
         built_from = meta.get("target_hash")
         if (target / WEIGHTS).is_file() and built_from and built_from != weights_hash(target):
-            raise InputError(f"teacher cache {out} was built from another target than {target}; "
-                             "pass another --cache (with --train) to build one for it")
+            raise SettingError(literal(f"teacher cache {out} was built from another target than "
+                                       f"{target}; ") + "pass another {0} (with {1}) to build "
+                               "one for it", "cache", "train")
         return out
     if not cfg.train:
-        raise InputError(f"no teacher cache at {out}; pass --train FASTA... to build it")
+        raise SettingError(literal(f"no teacher cache at {out}; ") + "pass {0} FASTA... to "
+                           "build it", "train")
     if out.exists() and not out.is_dir():
         raise SettingError.of("cache", f"{out} is a file, not a folder")
     fresh = not out.exists()
@@ -282,11 +285,11 @@ class DistillTrainer:
         dcfg.validate("the drafter to distil")
         self.device = resolve_device(cfg.device)
         # the net, its gradients and AdamW's two moments, before any of it is allocated
-        reason = memory_budget(self.device, max_memory).refusal(
-            4 * dcfg.memory_bytes(), f"training a drafter of width {cfg.width}")
+        reason = memory_budget(self.device, max_memory).refusal_template(
+            4 * dcfg.memory_bytes(), f"training a drafter of width {cfg.width}", slot=3)
         if reason is not None:
-            raise SettingError("{0}, {1}, {2}: " + reason.replace("{", "{{").replace("}", "}}"),
-                               "width", "layers", "prefix_len")
+            raise SettingError("{0}, {1}, {2}: " + reason, "width", "layers", "prefix_len",
+                               MAX_MEMORY)
         torch.manual_seed(cfg.seed)
         self.net = DSparkNet(dcfg).to(self.device)
         self.opt = torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, betas=(0.9, 0.98),

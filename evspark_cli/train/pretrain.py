@@ -23,7 +23,7 @@ from ..files import atomic_path
 from ..io.fasta import iter_records
 from ..model.checkpoint import save_model
 from ..model.config import ModelConfig
-from ..model.memory import count, memory_budget, parameter_count
+from ..model.memory import MAX_MEMORY, count, memory_budget, parameter_count
 from ..model.model import StripedHyena
 from .corpus import Corpus, fasta_files
 
@@ -183,10 +183,11 @@ def check_training_fits(cfg: ModelConfig, device: torch.device,
                         max_memory: str | int | None = None) -> None:
     """Refuse (ModelError, one line) a model config whose weights, gradients and AdamW moments
     alone (16 bytes a parameter, activations not counted) do not fit, before it is built."""
-    reason = memory_budget(device, max_memory).refusal(
+    reason = memory_budget(device, max_memory).refusal_template(
         16 * parameter_count(cfg), f"training a model of {count(parameter_count(cfg))} parameters")
     if reason is not None:
-        raise ModelError(f"train config: {reason}; use a smaller model or more memory")
+        raise ModelError("train config: " + reason + "; use a smaller model or more memory",
+                         MAX_MEMORY)
 
 
 class Trainer:
@@ -331,10 +332,6 @@ class Trainer:
         return save_model(self.model.cpu(), dest or self.out / "model")
 
 
-_POSITIVE = ("steps", "batch_size", "window", "ckpt_every", "eval_tokens", "eval_context")
-_NON_NEGATIVE = ("warmup", "eval_every", "threads", "weight_decay", "grad_clip")
-
-
 def validate_train_config(cfg: TrainConfig, given: Collection[str] = ()) -> TrainConfig:
     """Refuse values that cannot train (one line) before any work is done. A field named in
     `given` was set by the caller (an option such as --steps), not read from the file: its
@@ -346,20 +343,26 @@ def validate_train_config(cfg: TrainConfig, given: Collection[str] = ()) -> Trai
             return SettingError.of(name, problem)
         return InputError(f"train config: {name} {problem}")
 
+    values = vars(cfg)  # every field of the dataclass, by name
     for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
+        v = values[f.name]
         want = {"int": int, "float": (int, float), "str": str, "dict": dict}.get(str(f.type))
         if f.type in ("list[str]",):
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise bad(f.name, f"must be a list of paths, got {v!r}")
         elif want is not None and (not isinstance(v, want) or isinstance(v, bool)):
             raise bad(f.name, f"must be {str(f.type)}, got {v!r}")
-    for name in _POSITIVE:
-        if getattr(cfg, name) < 1:
-            raise bad(name, f"must be >= 1, got {getattr(cfg, name)}")
-    for name in _NON_NEGATIVE:
-        if getattr(cfg, name) < 0:
-            raise bad(name, f"must be >= 0, got {getattr(cfg, name)}")
+    positive = {"steps": cfg.steps, "batch_size": cfg.batch_size, "window": cfg.window,
+                "ckpt_every": cfg.ckpt_every, "eval_tokens": cfg.eval_tokens,
+                "eval_context": cfg.eval_context}
+    non_negative = {"warmup": cfg.warmup, "eval_every": cfg.eval_every, "threads": cfg.threads,
+                    "weight_decay": cfg.weight_decay, "grad_clip": cfg.grad_clip}
+    for name, n in positive.items():
+        if n < 1:
+            raise bad(name, f"must be >= 1, got {n}")
+    for name, n in non_negative.items():
+        if n < 0:
+            raise bad(name, f"must be >= 0, got {n}")
     if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
         raise bad("lr", f"must be > 0, got {cfg.lr}")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:

@@ -68,10 +68,6 @@ class Proposal:
     drafts: Tensor  # (B, G) long, on the host
     q: Tensor  # (B, G, V) fp32: q[b, k] is the distribution drafts[b, k] was drawn from
 
-    def row(self, b: int, gamma: int) -> tuple[Tensor, Tensor]:
-        """Row b's drafts (gamma,) and their distributions (gamma, V)."""
-        return self.drafts[b, :gamma], self.q[b, :gamma]
-
 
 class DraftRows(Protocol):
     """A drafter's memory of each row of a live batch, in the batch's row order."""
@@ -92,8 +88,19 @@ class DraftRows(Protocol):
 
 
 class Drafter(Protocol):
-    name: str
-    prefix_len: int  # hidden states of the last prompt positions a row needs when it joins
+    """A drafter: weights or settings shared by every run, and `rows` for a batch's memory."""
+
+    @property
+    def name(self) -> str:
+        """The drafter's kind, as run statistics and FASTA headers name it ("kmer", ...)."""
+
+    @property
+    def prefix_len(self) -> int:
+        """Hidden states of the last prompt positions a row needs when it joins."""
+
+    @property
+    def gamma_limit(self) -> int | None:
+        """The most drafts one row can propose per round; None when there is no limit."""
 
     def rows(self, contexts: Sequence[DraftContext]) -> DraftRows:
         """Memory for new rows, one per context (a sequence each)."""

@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ...alphabet import BASE_IDS
-from ...errors import ModelError
+from ...errors import ModelError, literal
 from ...files import read_bounded
 from ...model.model import StripedHyena
 from ...model.state import InferenceState, put_rows, swap_remove
@@ -66,9 +66,11 @@ class DSparkConfig:
     def validate(self, where: str = "drafter config") -> None:
         """Refuse (ModelError, one line) values no drafter can be built or run from: a string
         where a number goes ("heads": "4"), sizes below 1, an alphabet outside the vocabulary."""
-        for name in ("target_hidden", "target_layers", "width", "layers", "heads", "mlp_ratio",
-                     "prefix_len", "gamma_max", "vocab_size"):
-            v = getattr(self, name)
+        sizes = {"target_hidden": self.target_hidden, "target_layers": self.target_layers,
+                 "width": self.width, "layers": self.layers, "heads": self.heads,
+                 "mlp_ratio": self.mlp_ratio, "prefix_len": self.prefix_len,
+                 "gamma_max": self.gamma_max, "vocab_size": self.vocab_size}
+        for name, v in sizes.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ModelError(f"{where}: {name} must be an integer >= 1, got {_short(v)}")
         if self.width % self.heads:
@@ -80,10 +82,9 @@ class DSparkConfig:
                            and 0 <= t < self.vocab_size for t in a)):
             raise ModelError(f"{where}: alphabet must be distinct token ids below vocab_size "
                              f"{self.vocab_size}, got {_short(a)}")
-        for name in ("target_hash", "target_name"):
-            if not isinstance(getattr(self, name), str):
-                raise ModelError(f"{where}: {name} must be a string, got "
-                                 f"{_short(getattr(self, name))}")
+        for name, text in (("target_hash", self.target_hash), ("target_name", self.target_name)):
+            if not isinstance(text, str):
+                raise ModelError(f"{where}: {name} must be a string, got {_short(text)}")
         if not isinstance(self.training, dict):
             raise ModelError(f"{where}: training must be a mapping, got {_short(self.training)}")
 
@@ -203,6 +204,7 @@ class DSparkDrafter:
         self.net = net.eval()
         self.cfg = net.cfg
         self.prefix_len = self.cfg.prefix_len
+        self.gamma_limit: int | None = self.cfg.gamma_max  # the net has gamma_max draft slots
         self.folder = folder
 
     def rows(self, contexts: Sequence[DraftContext]) -> "DSparkRows":
@@ -357,7 +359,7 @@ def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: 
         safetensors_elements,
         weights_hash,
     )
-    from ...model.memory import MISMATCH_SLACK, count, memory_budget
+    from ...model.memory import MISMATCH_SLACK, count, memory_budget, memory_refusal
 
     folder = Path(folder)
     cfg_path = folder / "config.json"
@@ -373,9 +375,10 @@ def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: 
         if src is not None and cfg.target_hash and not force:
             h = weights_hash(src)
             if h != cfg.target_hash:
-                raise ModelError(f"drafter {folder} was distilled from another target "
-                                 f"(weights sha256 {cfg.target_hash[:12]}…, this model {h[:12]}…); "
-                                 "use --force-drafter to use it anyway")
+                raise ModelError(literal(f"drafter {folder} was distilled from another target "
+                                         f"(weights sha256 {cfg.target_hash[:12]}…, this model "
+                                         f"{h[:12]}…); ") + "use {0} to use it anyway",
+                                 "force_drafter")
         tc = target.config
         if cfg.target_hidden != tc.hidden_size or cfg.target_layers != len(tc.drafter_layers):
             raise ModelError(f"drafter {folder} expects a target with hidden {cfg.target_hidden} "
@@ -389,9 +392,10 @@ def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: 
                          "parameters, far more than its weights hold (config and weights "
                          "disagree)")
     device = target.device if target is not None else "cpu"
-    reason = memory_budget(device, max_memory).refusal(cfg.memory_bytes(), f"drafter {folder}")
+    reason = memory_budget(device, max_memory).refusal_template(cfg.memory_bytes(),
+                                                                f"drafter {folder}")
     if reason is not None:
-        raise ModelError(f"{reason}; use a machine with more memory (or a larger --max-memory)")
+        raise memory_refusal(reason)
     try:
         net = DSparkNet(cfg)
     except (TypeError, ValueError, RuntimeError, IndexError) as e:

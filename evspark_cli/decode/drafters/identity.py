@@ -21,6 +21,7 @@ from .base import DraftContext, ListRows, Proposal
 class IdentityDrafter:
     name = "identity"
     prefix_len = 0
+    gamma_limit: int | None = None
 
     def rows(self, contexts: Sequence[DraftContext]) -> "IdentityRows":
         return IdentityRows(list(contexts))

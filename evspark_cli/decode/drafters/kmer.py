@@ -24,6 +24,7 @@ _INDEX = {b: i for i, b in enumerate(BASE_IDS)}
 class KmerDrafter:
     name = "kmer"
     prefix_len = 0
+    gamma_limit: int | None = None
 
     def __init__(self, order: int = 8, vocab: int = 512) -> None:
         self.order = order

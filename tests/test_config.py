@@ -1,28 +1,158 @@
-"""Fuzz target for model and drafter configs: every mutated config.json either loads or is
-refused with one ModelError / InputError line; never another exception, never a huge allocation.
+"""Model and drafter configs: every config.json either loads or is refused in one line.
 
-Two layers: Hypothesis mutates config dicts in this process (parsing and validation, fast), and
-a seeded mutator loads a few hundred mutated model and drafter folders for real in a child
-process whose address space is limited, reporting its peak memory against a clean load's.
+Values that cannot work (a layer list that is not one, zero heads, another vocabulary, NaN, a
+flag that is not true/false, the wrong type), configs nested too deeply to parse, and configs
+that describe far more parameters than their weights hold (refused before anything is built, in
+a child process whose peak memory is measured against a normal run's) are each one
+`evspark: error:` line and exit 3. Then a fuzz target: Hypothesis mutates config dicts in this
+process (parsing and validation, fast), and a seeded mutator loads a few hundred mutated model
+and drafter folders for real in a child process whose address space is limited, reporting its
+peak memory against a clean load's: never another exception, never a huge allocation.
 """
 from __future__ import annotations
 
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from battery import FAST, bounded, fasta_file, refused
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny import one_line_error, run_cli, shared_trained_tiny, tiny_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import shared_trained_tiny, tiny_config  # noqa: E402
+from evspark_cli.errors import ModelError
+from evspark_cli.model.checkpoint import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
+
+# ------------------------------------------------------------ values that cannot work
+
+
+@pytest.mark.parametrize("field,value", [
+    ("attn_layer_idxs", None), ("num_attention_heads", 0), ("hidden_layers", []),
+    ("prefill_chunk", 0), ("vocab_size", 16), ("max_seqlen", 0),
+])
+def test_config_values_that_cannot_work_are_model_errors(tmp_path, random_model, masked_fa, field,
+                                                         value):
+    bad = tmp_path / "bad"
+    shutil.copytree(random_model, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg[field] = value
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError):
+        load_model(bad)
+    r = run_cli(["generate", masked_fa, "--model", bad, "--drafter", "kmer", "-n", 4, *FAST])
+    assert field in one_line_error(r, 3)
+
+
+def _config_folder(phix_model: Path, d: Path, name: str, change) -> Path:
+    folder = Path(shutil.copytree(phix_model, d / name))
+    cfg = json.loads((folder / "config.json").read_text())
+    change(cfg)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize("case,change,pattern", [
+    ("config eps NaN", lambda c: c.update(eps=float("nan")),
+     r"config: eps must be a finite number > 0, got nan"),
+    ("config inner_mlp_size -5", lambda c: c.update(inner_mlp_size=-5),
+     r"config: inner_mlp_size must be null or an integer >= 1, got -5"),
+    ("config hcs_filter_groups [4]", lambda c: c.update(hcs_filter_groups=[4]),
+     r"config: hcs_filter_groups must be an integer >= 1, got \[4\]"),
+    ("config a flag that is not true/false", lambda c: c.update(final_norm=[1]),
+     r"config: final_norm must be true or false, got \[1\]"),
+], ids=["nan", "negative", "list", "flag"])
+def test_model_configs_with_bad_values_are_refused(phix_model, tmp_path, case, change, pattern):
+    folder = _config_folder(phix_model, tmp_path, "m", change)
+    refused(case, ["generate", fasta_file(tmp_path), "--model", folder, *FAST, "-n", 4], 3, pattern,
+            tmp_path)
+
+
+def _drafter_folder(phix_drafter: Path, d: Path, change) -> Path:
+    folder = Path(shutil.copytree(phix_drafter, d / "dr"))
+    cfg = json.loads((folder / "config.json").read_text())
+    change(cfg)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize("case,change,pattern", [
+    ("drafter \"heads\": \"4\"", lambda c: c.update(heads="4"),
+     r"config\.json: heads must be an integer >= 1, got '4'"),
+    ("drafter alphabet outside the vocabulary", lambda c: c.update(alphabet=[65, 9999]),
+     r"alphabet must be distinct token ids below vocab_size 512"),
+], ids=["heads", "alphabet"])
+def test_drafter_configs_with_wrong_types_are_refused(phix_model, phix_drafter, tmp_path, case,
+                                                      change, pattern):
+    folder = _drafter_folder(phix_drafter, tmp_path, change)
+    refused(case, ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4,
+                   "--drafter", folder], 3, pattern, tmp_path, MODEL=phix_model)
+
+
+def test_deeply_nested_configs_are_refused(phix_model, phix_drafter, tmp_path):
+    folder = Path(shutil.copytree(phix_model, tmp_path / "m"))
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    refused("deeply nested config.json", ["generate", fasta_file(tmp_path), "--model", folder,
+                                          *FAST, "-n", 4], 3,
+            r"config \S*config\.json is not valid JSON: nested too deeply", tmp_path)
+    dr = Path(shutil.copytree(phix_drafter, tmp_path / "dr"))
+    (dr / "config.json").write_text('{"kind": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    refused("deeply nested drafter config.json",
+            ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4,
+             "--drafter", dr],
+            3, r"config\.json: not valid JSON \(nested too deeply\)", tmp_path, MODEL=phix_model)
+
+
+# ------------------------------------------------ configs too big: refused before building
+
+
+def _million_layers(cfg: dict) -> None:
+    n = 10 ** 6
+    cfg.update(num_layers=n, hidden_layers=None, hcs_layer_idxs=list(range(0, n, 4)),
+               hcm_layer_idxs=list(range(1, n, 4)), hcl_layer_idxs=list(range(2, n, 4)),
+               attn_layer_idxs=list(range(3, n, 4)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,change,pattern", [
+    ("hidden_size 16384", lambda c: c.update(hidden_size=16384, num_attention_heads=16),
+     r"its config implies [\d,]+ parameters but its weights file holds [\d,]+ numbers"),
+    ("num_layers 10^6", _million_layers,
+     r"its config implies [\d,]+ parameters but its weights file holds [\d,]+ numbers"),
+], ids=["hidden_size", "num_layers"])
+def test_configs_too_big_are_refused_before_building(phix_model, tmp_path, normal_peak, name,
+                                                     change, pattern):
+    folder = _config_folder(phix_model, tmp_path, "m", change)
+    bounded(f"config with {name}", ["generate", fasta_file(tmp_path), "--model", folder, *FAST,
+                                    "-n", 4], 3, pattern, tmp_path, normal_peak)
+
+
+@pytest.mark.slow
+def test_drafter_with_a_huge_vocabulary_is_refused_unbuilt(phix_model, phix_drafter, tmp_path,
+                                                           normal_peak):
+    folder = _drafter_folder(phix_drafter, tmp_path, lambda c: c.update(vocab_size=500_000_000))
+    bounded("drafter config with vocab_size 5e8",
+            ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4,
+             "--drafter", folder],
+            3, r"drafter \S*dr has vocab_size 500000000, its target 512", tmp_path, normal_peak,
+            MODEL=phix_model)
+    folder = _drafter_folder(phix_drafter, tmp_path / "x", lambda c: c.update(prefix_len=10 ** 9))
+    bounded("drafter config with prefix_len 10^9",
+            ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4,
+             "--drafter", folder],
+            3, r"describes a drafter of [\d,]+ parameters, far more than its weights hold",
+            tmp_path, normal_peak, MODEL=phix_model)
+
+
+# ----------------------------------------------------- the fuzz target: configs in this process
+
 
 NUMBERS = [0, -1, -5, 1, 2, 3, 4, 7, 16, 64, 255, 1024, 16384, 10 ** 6, 5 * 10 ** 8, 10 ** 9,
            2 ** 63, 10 ** 30, 0.5, 1.5, 1e-300, 1e300, -0.0]
@@ -139,7 +269,7 @@ def test_oversized_or_unreadable_configs_are_refused_before_being_read_whole(tmp
         _read_config(drafter)
 
 
-# ------------------------------------------------------------- the seeded mutator, for real
+# ---------------------------------------------- the fuzz target: the seeded mutator, for real
 
 CHILD = r"""
 import json, os, random, resource, shutil, sys
@@ -219,6 +349,7 @@ def folders(tmp_path_factory) -> tuple[Path, Path]:
     return model, save_drafter(DSparkNet(cfg), tmp_path_factory.mktemp("fuzzd") / "d")
 
 
+@pytest.mark.slow
 def test_fuzz_mutated_folders_load_or_refuse_in_bounded_memory(folders, tmp_path: Path):
     model, drafter = folders
     values = NUMBERS + ODD  # JSON carries NaN and Infinity too

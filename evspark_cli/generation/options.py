@@ -1,0 +1,99 @@
+"""What a generation asks for, checked once: `DecodeOptions` and the rules that follow from it.
+
+A `DecodeOptions` cannot be built from values that have no meaning; `check_context` and
+`check_gamma` judge it against a model and a drafter. The command line builds the same objects
+and only maps their errors to exit codes (a `SettingError` names the setting; the CLI shows the
+flag).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..decode.batch import ROLLBACKS, largest_draft, row_reserve
+from ..decode.drafters.base import Drafter
+from ..decode.sampling import SamplerConfig
+from ..errors import InputError, SettingError, at_least
+from ..model.model import StripedHyena
+
+CPU_BATCH = 32  # the most tokens/s for the bundled target on a 2-core CPU (docs/performance.md)
+CUDA_BATCH = 64  # a GPU's decode step reads the weights once for all rows
+
+
+def default_batch_size(device: torch.device) -> int:
+    """The batch size a run uses when none is given, by device (docs/batching.md)."""
+    return CUDA_BATCH if device.type == "cuda" else CPU_BATCH
+
+
+def _integer(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingError.of(name, f"must be an integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """What a generation asks for; checked when built, so an instance always holds valid values.
+
+    Defaults are the Python API's; the command line passes its own.
+    """
+
+    max_new_tokens: int = 64
+    gamma: int = 12
+    temperature: float = 1.0
+    top_k: int = 4
+    top_p: float = 1.0
+    seed: int = 0
+    samples: int = 1  # continuations per record
+    rollback: str = "slice"
+
+    def __post_init__(self) -> None:
+        _integer("max_new_tokens", self.max_new_tokens)
+        _integer("gamma", self.gamma)
+        _integer("seed", self.seed)
+        _integer("samples", self.samples)
+        if not 0 <= self.seed < 2 ** 63:
+            raise SettingError.of("seed", f"must be an integer in [0, 2**63), got {self.seed}")
+        at_least("max_new_tokens", self.max_new_tokens, 1)
+        at_least("gamma", self.gamma, 1)
+        at_least("samples", self.samples, 1)
+        if self.rollback not in ROLLBACKS:
+            raise SettingError.of("rollback", f"must be {' or '.join(ROLLBACKS)}, "
+                                              f"got {self.rollback!r}")
+        self.sampler.validate()
+
+    @property
+    def sampler(self) -> SamplerConfig:
+        return SamplerConfig(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def largest_draft(self) -> int:
+        """The most drafts a round proposes: rounds never draft past the tokens still asked."""
+        return largest_draft(self.gamma, self.max_new_tokens)
+
+    def block(self, speculative: bool) -> int:
+        """Tokens one verification block holds: the anchor and the largest draft (1 natively)."""
+        return 1 + (self.largest_draft if speculative else 0)
+
+    def row_capacity(self, prompt_len: int, speculative: bool = True) -> int:
+        """KV positions a row of a `prompt_len`-token prompt reserves for the whole run."""
+        draft = self.largest_draft if speculative else 0
+        return prompt_len + row_reserve(self.max_new_tokens, draft)
+
+
+def check_context(model: StripedHyena, prompt_len: int, new_tokens: int, record_id: str) -> None:
+    """A prompt and its continuation must fit in the model's context."""
+    limit = model.config.max_seqlen
+    if prompt_len + new_tokens > limit:
+        rid = record_id.replace("{", "{{").replace("}", "}}")
+        raise SettingError(f"record '{rid}': prompt of {prompt_len} bases + {new_tokens} new "
+                           f"tokens exceeds the model's context of {limit}; use {{0}} N",
+                           "prompt_tail")
+
+
+def check_gamma(drafter: Drafter | None, gamma: int) -> None:
+    """Refuse a draft length the drafter cannot propose (a dspark drafter has gamma_max slots).
+    Callers pass the largest draft a round will use (`DecodeOptions.largest_draft`)."""
+    limit = drafter.gamma_limit if drafter is not None else None
+    if limit is not None and gamma > limit:
+        raise InputError(f"gamma {gamma}: this drafter proposes at most {limit} tokens per round")

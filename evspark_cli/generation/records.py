@@ -1,0 +1,94 @@
+"""How a run names its records and what their FASTA headers record.
+
+Output ids say what a record holds (stable; docs/cli.md): `{prompt id}.cont` for a
+continuation, `{prompt id}.ext` with `include_prompt` (the prompt followed by its continuation),
+then `_s{i}` when a prompt has several samples. The Python API names records by the ids it is
+given, without a suffix.
+
+Everything that changes a record is recorded in its header (`evspark key=value ...`): the model,
+drafter and sampler settings, whether the prompt is included, the prompt tail and IUPAC policy,
+and a hash of the prompt itself (which also covers the input's content and any region), so a
+resumed run can refuse records another run made (generation/outputs.py). How many rows decode
+together or on which device never changes a record, so neither is recorded.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from ..decode.drafters.base import Drafter
+from ..decode.drafters.registry import drafter_name
+from ..io.types import Prompt
+from .options import DecodeOptions
+
+CONTINUATION = ".cont"
+"""Output id suffix of a continuation."""
+EXTENDED = ".ext"
+"""Output id suffix of a prompt followed by its continuation (include_prompt)."""
+
+
+def job_id(base: str, sample: int, samples: int) -> str:
+    """A job's output id from its record's base, with `_s{i}` when a prompt has several
+    samples."""
+    return f"{base}_s{sample}" if samples > 1 else base
+
+
+def prompt_hash(seq: str) -> str:
+    """A short hash of a prompt (what the model was given), for the record's header."""
+    return hashlib.sha256(seq.encode("ascii", "replace")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RecordScheme:
+    """The settings of a generate run, as its output ids, FASTA headers and stats rows record
+    them."""
+
+    model: str
+    drafter: Drafter | None
+    options: DecodeOptions
+    include_prompt: bool = False
+    prompt_tail: int | None = None
+    iupac: str = "keep"
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The `key=value` words every header of the run carries (before new_tokens)."""
+        sampler = self.options.sampler
+        return {"model": self.model, "drafter": drafter_name(self.drafter),
+                "gamma": str(self.options.gamma), "temperature": f"{sampler.temperature:g}",
+                "top_k": str(sampler.top_k), "top_p": f"{sampler.top_p:g}",
+                "seed": str(self.options.seed),
+                "include_prompt": "yes" if self.include_prompt else "no",
+                "prompt_tail": str(self.prompt_tail) if self.prompt_tail else "none",
+                "iupac": self.iupac}
+
+    def output_base(self, prompt: Prompt) -> str:
+        """The output id of a prompt's records before any `_s{i}`: `{prompt id}.cont`, or
+        `{prompt id}.ext` with include_prompt (docs/cli.md, "Output ids")."""
+        return prompt.id + (EXTENDED if self.include_prompt else CONTINUATION)
+
+    def output_ids(self, prompts: list[Prompt]) -> list[str]:
+        """Every output id of a run over `prompts`, in input order."""
+        samples = self.options.samples
+        return [job_id(self.output_base(p), s, samples) for p in prompts for s in range(samples)]
+
+    def header(self, prompt: Prompt, new_tokens: int) -> str:
+        """A record's FASTA description: `evspark key=value ... new_tokens=N prompt=WHERE`
+        (`prompt=` the prompt's coordinates: ID, or RECORD:START-END)."""
+        words = {**self.settings, "prompt_sha256": prompt_hash(prompt.seq),
+                 "new_tokens": str(new_tokens), "prompt": prompt.coordinates}
+        return " ".join(["evspark", *(f"{k}={v}" for k, v in words.items())])
+
+    def record_text(self, prompt: Prompt, letters: str) -> str:
+        """What a record's sequence holds: the continuation, after the prompt if included."""
+        return prompt.seq + letters if self.include_prompt else letters
+
+    def stats_row(self, prompt: Prompt, sample: int) -> dict[str, Any]:
+        """The stats columns of a job's row that do not depend on timing."""
+        spec = self.drafter is not None
+        return {"sample": sample, "prompt_len": len(prompt.seq),
+                "new_tokens": self.options.max_new_tokens,
+                "mode": "speculative" if spec else "native",
+                "drafter": drafter_name(self.drafter),
+                "gamma": self.options.gamma if spec else None}

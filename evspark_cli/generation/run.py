@@ -1,0 +1,281 @@
+"""A generation run: jobs through the batched decoder, outcomes back in input order.
+
+The decoder packs jobs into at most `batch_size` rows (a record's samples share one prefill)
+and finishes them in any order; the run hands each outcome back in the order of its jobs, with
+its stats row. A batch size changes speed, not output: the same seed writes the same tokens with
+any batch size (docs/batching.md says when a last-place float difference can change one).
+
+With `compare_native`, each slice of jobs (one batch's worth) is decoded natively with the same
+batch size right before it is decoded speculatively, so every speedup is a ratio of two runs
+measured moments apart in the same process; a run of fewer than COMPARE_PAIRS slices repeats
+slices (timing only) until that many pairs are timed.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..decode.batch import BatchDecoder, DecodeResult, Job, RoundReport
+from ..decode.drafters.base import Drafter
+from ..decode.drafters.registry import drafter_name
+from ..model.model import StripedHyena
+from ..model.tokenizer import detokenize
+from .options import DecodeOptions
+from .results import GenerateOutput, JobOutcome, make_stats
+
+COMPARE_PAIRS = 3
+"""compare_native times at least this many native/speculative pairs (repeating slices of a
+small run), so that their spread shows whether the machine was quiet enough to trust the ratio."""
+SPREAD_LIMIT = 0.2
+"""A speedup is reported as unreliable when its pairs' ratios range over more than this fraction
+of their median ((max - min) / median), e.g. 2.0x, 2.3x and 2.6x (30%)."""
+
+
+@dataclass
+class PairTiming:
+    """One native pass and the speculative pass of the same jobs right after it."""
+
+    native_s: float = 0.0
+    native_tokens: int = 0
+    spec_s: float = 0.0
+    spec_tokens: int = 0
+
+    @property
+    def ratio(self) -> float | None:
+        """Native seconds per token over speculative seconds per token."""
+        if not (self.native_s and self.native_tokens and self.spec_s and self.spec_tokens):
+            return None
+        return (self.native_s / self.native_tokens) / (self.spec_s / self.spec_tokens)
+
+
+@dataclass
+class RunSummary:
+    """What a whole run did (the summary line and `bench`'s throughput)."""
+
+    jobs: int = 0
+    failed: int = 0
+    tokens: int = 0
+    rounds: int = 0
+    accepted: int = 0
+    seconds: float = 0.0
+    native_seconds: float = 0.0
+    native_tokens: int = 0
+    batch_size: int = 1
+    pairs: list[PairTiming] = field(default_factory=list)  # compare_native's timed pairs
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+    @property
+    def tau(self) -> float | None:
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else None
+
+    @property
+    def speedup(self) -> float | None:
+        """Pooled over every timed pair (repeats included): native seconds per token over
+        speculative seconds per token."""
+        timed = [p for p in self.pairs if p.ratio is not None]
+        if timed:
+            native = sum(p.native_s for p in timed) / sum(p.native_tokens for p in timed)
+            return native / (sum(p.spec_s for p in timed) / sum(p.spec_tokens for p in timed))
+        if not self.native_seconds or not self.seconds or not self.tokens:
+            return None
+        return (self.native_seconds / self.native_tokens) / (self.seconds / self.tokens)
+
+    @property
+    def ratios(self) -> list[float]:
+        """Each timed pair's speedup, in the order they ran."""
+        return [r for r in (p.ratio for p in self.pairs) if r is not None]
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the pairs' speedups; None with fewer than two."""
+        r = sorted(self.ratios)
+        if len(r) < 2:
+            return None
+        mid = len(r) // 2
+        median = r[mid] if len(r) % 2 else (r[mid - 1] + r[mid]) / 2
+        return (r[-1] - r[0]) / median
+
+    @property
+    def speedup_reliable(self) -> bool:
+        """At least COMPARE_PAIRS pairs whose speedups agree within SPREAD_LIMIT."""
+        spread = self.spread
+        return len(self.ratios) >= COMPARE_PAIRS and spread is not None and spread <= SPREAD_LIMIT
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One decoding pass over a slice of a run's jobs, natively or speculatively. With
+    compare_native a slice is decoded natively then speculatively (one timed pair); a
+    `timing_only` pass repeats a slice for the timing alone (its outcomes are dropped)."""
+
+    jobs: tuple[Job, ...]
+    native: bool
+    pair: int = 0
+    timing_only: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return sum(j.max_new_tokens for j in self.jobs)
+
+
+class RunObserver(Protocol):
+    """What a progress display is told while a run goes (all calls come from the run's thread)."""
+
+    def pass_started(self, p: Pass) -> None:
+        """A pass begins (its jobs' prompts are prefilled as rows free up)."""
+
+    def job_started(self, job: Job, p: Pass) -> None:
+        """The decoder took `job`: its prompt is prefilled (or forked from its record's
+        prefill) before the next round."""
+
+    def round_done(self, report: RoundReport, p: Pass) -> None:
+        """A round of `p` ended, having emitted `report.tokens` tokens."""
+
+
+@dataclass
+class GenerationRun:
+    """Jobs through the batched decoder, outcomes in input order (see the module docstring)."""
+
+    model: StripedHyena
+    drafter: Drafter | None
+    options: DecodeOptions
+    batch_size: int = 1
+    compare_native: bool = False
+    on_round: Callable[[RoundReport], None] | None = None
+    summary: RunSummary = field(default_factory=RunSummary)
+    observer: RunObserver | None = None
+    waiting: dict[int, JobOutcome] = field(default_factory=dict)
+    """Outcomes that finished before an earlier job: handed back when their turn comes, or by
+    `unsent` when the run stops early."""
+
+    def passes(self, jobs: Sequence[Job]) -> list[Pass]:
+        """The passes `outcomes(jobs)` makes, in order (a progress display sizes its work from
+        them)."""
+        if not jobs:
+            return []
+        if not (self.compare_native and self.drafter is not None):
+            return [Pass(tuple(jobs), native=False)]
+        n = self.batch_size
+        slices = [tuple(jobs[i: i + n]) for i in range(0, len(jobs), n)]
+        out: list[Pass] = []
+        for k, part in enumerate(slices):
+            out += [Pass(part, True, k), Pass(part, False, k)]
+        for r in range(max(0, COMPARE_PAIRS - len(slices))):
+            part = slices[r % len(slices)]
+            k = len(slices) + r
+            out += [Pass(part, True, k, True), Pass(part, False, k, True)]
+        return out
+
+    def outcomes(self, jobs: Sequence[Job]) -> Iterator[JobOutcome]:
+        """Every job's outcome, in the order of `jobs` (finished rows wait for earlier ones in
+        `waiting`)."""
+        self.summary.batch_size = self.batch_size
+        self.waiting = {}
+        order = {j.index: k for k, j in enumerate(jobs)}
+        next_place = 0
+        native: dict[int, DecodeResult] = {}
+        for p in self.passes(jobs):
+            if self.observer is not None:
+                self.observer.pass_started(p)
+            if p.pair >= len(self.summary.pairs) and self.compare_native and \
+                    self.drafter is not None:
+                self.summary.pairs.append(PairTiming())
+            if p.native:
+                native = self._native(p)
+                continue
+            for o in self._decode(p, self.drafter, native):
+                if p.timing_only:
+                    continue
+                self.waiting[order[o.job.index]] = o
+                while next_place in self.waiting:
+                    yield self.waiting.pop(next_place)
+                    next_place += 1
+
+    def unsent(self) -> list[JobOutcome]:
+        """The outcomes a stopped run finished but had not handed back, in input order (they
+        were waiting for an earlier job)."""
+        out = [self.waiting[k] for k in sorted(self.waiting)]
+        self.waiting = {}
+        return out
+
+    def _feed(self, p: Pass) -> Iterator[Job]:
+        """The pass's jobs for the decoder, telling the observer as it takes each one (the
+        decoder pulls a job only when it starts it)."""
+        for j in p.jobs:
+            if self.observer is not None:
+                self.observer.job_started(j, p)
+            yield j
+
+    def _rounds(self, p: Pass, user: Callable[[RoundReport], None] | None
+                ) -> Callable[[RoundReport], None] | None:
+        """The decoder's round hook: the observer's, then `user`'s (the API's on_round)."""
+        observer = self.observer
+        if observer is None:
+            return user
+
+        def hook(report: RoundReport) -> None:
+            observer.round_done(report, p)
+            if user is not None:
+                user(report)
+
+        return hook
+
+    def _native(self, p: Pass) -> dict[int, DecodeResult]:
+        """The slice decoded natively (same batch size): job index -> result."""
+        t0 = time.perf_counter()
+        dec = BatchDecoder(self.model, self.options.sampler, None, 0, self.batch_size,
+                           on_round=self._rounds(p, None))
+        got = {o.job.index: o.result for o in dec.run(self._feed(p)) if o.result is not None}
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(r.tokens) for r in got.values())
+        pair = self.summary.pairs[p.pair]
+        pair.native_s, pair.native_tokens = seconds, tokens
+        if not p.timing_only:
+            self.summary.native_seconds += seconds
+            self.summary.native_tokens += tokens
+        return got
+
+    def _decode(self, p: Pass, drafter: Drafter | None,
+                native: dict[int, DecodeResult]) -> Iterator[JobOutcome]:
+        opts = self.options
+        speculative = drafter is not None
+        dec = BatchDecoder(self.model, opts.sampler, drafter, opts.gamma, self.batch_size,
+                           opts.rollback,
+                           on_round=self._rounds(p, None if p.timing_only else self.on_round),
+                           capacity=opts.row_capacity(max(len(j.prompt) for j in p.jobs)))
+        name = drafter_name(drafter)
+        # a timing-only repeat counts in its pair, not in the run's totals
+        summary = self.summary if not p.timing_only else RunSummary()
+        tokens, away = 0, 0.0
+        t0 = time.perf_counter()
+        try:
+            for o in dec.run(self._feed(p)):
+                summary.jobs += 1
+                if o.result is None:
+                    summary.failed += 1
+                    t_out = time.perf_counter()
+                    yield JobOutcome(o.job, error=o.error)
+                    away += time.perf_counter() - t_out
+                    continue
+                res = o.result
+                tokens += len(res.tokens)
+                summary.tokens += len(res.tokens)
+                summary.rounds += res.rounds
+                summary.accepted += sum(res.accepted)
+                nat = native.get(o.job.index) if speculative else None
+                stats = make_stats(o.job, res, name, opts.gamma, nat)
+                t_out = time.perf_counter()
+                yield JobOutcome(o.job, GenerateOutput(res.tokens, detokenize(res.tokens), stats,
+                                                       res, native.get(o.job.index)))
+                away += time.perf_counter() - t_out
+        finally:
+            seconds = time.perf_counter() - t0 - away  # decoding only, not the caller's writes
+            summary.seconds += seconds
+            if p.pair < len(self.summary.pairs):
+                pair = self.summary.pairs[p.pair]
+                pair.spec_s, pair.spec_tokens = seconds, tokens
