@@ -26,7 +26,8 @@ import torch
 
 from evspark_cli.decode.drafters.base import RngKey
 from evspark_cli.decode.drafters.identity import IdentityDrafter
-from evspark_cli.decode.native import decode_native, prefill_prompt
+from evspark_cli.decode.native import decode_native
+from evspark_cli.decode.prefill import prefill_prompt
 from evspark_cli.decode.sampling import SamplerConfig
 from evspark_cli.decode.speculative import decode_speculative
 from evspark_cli.model.checkpoint import cast_model

@@ -20,7 +20,11 @@ import time
 
 import torch
 
-from evspark_cli.decode.batch import BatchDecoder, Job, prefill_prompt
+from evspark_cli.decode.batch import BatchDecoder
+
+from evspark_cli.decode.jobs import Job
+
+from evspark_cli.decode.prefill import prefill_prompt
 from evspark_cli.decode.drafters.base import RngKey
 from evspark_cli.decode.drafters.identity import IdentityDrafter
 from evspark_cli.decode.drafters.kmer import KmerDrafter

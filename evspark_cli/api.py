@@ -10,9 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .cpus import Threads, usable_cpus
-from .decode.batch import RoundReport
 from .decode.drafters.base import Drafter
 from .decode.drafters.registry import resolve_drafter
+from .decode.jobs import RoundReport
 from .errors import at_least
 from .generation.jobs import Record, build_jobs, prompt_ids
 from .generation.options import DecodeOptions, check_context, check_gamma

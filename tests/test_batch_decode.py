@@ -17,10 +17,11 @@ import torch
 from test_lossless_stats import ALPHA, PROMPT, SAMPLER, exact_joint, gof_test, trained  # noqa: F401
 from tiny import phix_genome
 
-from evspark_cli.decode.batch import BatchDecoder, Job
+from evspark_cli.decode.batch import BatchDecoder
 from evspark_cli.decode.drafters.base import RngKey
 from evspark_cli.decode.drafters.identity import IdentityDrafter
 from evspark_cli.decode.drafters.kmer import KmerDrafter
+from evspark_cli.decode.jobs import Job
 from evspark_cli.decode.native import decode_native
 from evspark_cli.decode.sampling import SamplerConfig
 from evspark_cli.errors import RunError

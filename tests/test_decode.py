@@ -23,7 +23,8 @@ from evspark_cli.api import generate
 from evspark_cli.decode.drafters.base import RngKey
 from evspark_cli.decode.drafters.identity import IdentityDrafter
 from evspark_cli.decode.drafters.kmer import KmerDrafter
-from evspark_cli.decode.native import DecodeResult, decode_native
+from evspark_cli.decode.jobs import DecodeResult
+from evspark_cli.decode.native import decode_native
 from evspark_cli.decode.sampling import SamplerConfig
 from evspark_cli.decode.speculative import decode_speculative
 from evspark_cli.errors import RunError
@@ -442,7 +443,7 @@ def test_decode_result_statistics(models, drafter, model_name):
 def test_prefilled_prompt_is_reusable_and_equals_a_fresh_start(model_dirs):
     """Benchmarks prefill once and decode several times from clones: same tokens as decoding from
     scratch, and the shared prefill is never modified."""
-    from evspark_cli.decode.native import prefill_prompt
+    from evspark_cli.decode.prefill import prefill_prompt
 
     model = load_model(model_dirs["trained"])
     prompt = list(DNA[:90].encode())
@@ -469,7 +470,7 @@ def test_prefilled_prompt_is_reusable_and_equals_a_fresh_start(model_dirs):
 def test_all_finite_sees_every_non_finite_and_only_them(bad):
     """The guard's one-sum check: a NaN or inf anywhere is caught; finite logits whose sum
     overflows (3e38 twice) are rechecked entry by entry and pass."""
-    from evspark_cli.decode.native import all_finite
+    from evspark_cli.decode.batch import all_finite
 
     x = torch.zeros(13, 512)
     x[0, 0] = x[0, 1] = 3e38  # the sum overflows to inf although every entry is finite

@@ -33,7 +33,7 @@ from tiny import (  # noqa: E402
     trained_tiny_dir,
 )
 
-from evspark_cli.decode.batch import BatchDecoder, Job  # noqa: E402
+from evspark_cli.decode.batch import BatchDecoder  # noqa: E402
 from evspark_cli.decode.drafters.base import DraftContext, Proposal, RngKey  # noqa: E402
 from evspark_cli.decode.drafters.dspark import (  # noqa: E402
     DSparkConfig,
@@ -42,7 +42,9 @@ from evspark_cli.decode.drafters.dspark import (  # noqa: E402
     load_drafter,
     save_drafter,
 )
-from evspark_cli.decode.native import decode_native, start  # noqa: E402
+from evspark_cli.decode.jobs import Job  # noqa: E402
+from evspark_cli.decode.native import decode_native  # noqa: E402
+from evspark_cli.decode.prefill import start  # noqa: E402
 from evspark_cli.decode.sampling import SamplerConfig, sampler_probs  # noqa: E402
 from evspark_cli.decode.speculative import decode_speculative  # noqa: E402
 from evspark_cli.errors import ModelError  # noqa: E402

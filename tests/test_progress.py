@@ -91,8 +91,8 @@ def test_durations():
 
 def FakeJob(record: int, prompt_len: int, n: int):
     """A job of `n` tokens on a prompt of `prompt_len` bases, keyed by `record`."""
-    from evspark_cli.decode.batch import Job
     from evspark_cli.decode.drafters.base import RngKey
+    from evspark_cli.decode.jobs import Job
 
     return Job(record, tuple([65] * prompt_len), n, RngKey(0, record, 0), f"r{record}")
 
@@ -101,7 +101,7 @@ def test_meter_counts_prefill_in_the_time_left():
     """Two records; the second has a long prompt still to prefill. Rounds take 0.1 s for 10
     tokens (100 tokens/s), the first record's 1,000-base prefill took 1 s: with one prompt
     length seen, all of it counts as work (here: bases), so 10,000 bases take 10 s."""
-    from evspark_cli.decode.batch import RoundReport
+    from evspark_cli.decode.jobs import RoundReport
     from evspark_cli.generation.run import Pass
 
     clock = Clock()
@@ -129,7 +129,7 @@ def test_meter_counts_prefill_in_the_time_left():
 def test_meter_separates_per_prompt_overhead_from_per_base_cost():
     """Prefills of 100 and 1,000 bases that took 0.2 s and 1.1 s: 0.1 s per prompt plus 1 ms
     per base, so a 10,000-base prompt still to come adds 10.1 s."""
-    from evspark_cli.decode.batch import RoundReport
+    from evspark_cli.decode.jobs import RoundReport
     from evspark_cli.generation.run import Pass
 
     clock = Clock()
@@ -166,7 +166,7 @@ def test_prefill_work_grows_with_attention_over_the_prefix():
 
 
 def test_meter_sizes_compare_native_passes():
-    from evspark_cli.decode.batch import RoundReport
+    from evspark_cli.decode.jobs import RoundReport
     from evspark_cli.generation.run import Pass
 
     clock = Clock()

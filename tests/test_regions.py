@@ -145,8 +145,8 @@ def test_literal_prompt(tmp_path):
     assert (p.id, p.seq, p.coordinates) == ("prompt", "NNACGT", "prompt:5-10")
     assert got.warnings == ["1 prompt had lower-case (soft-masked) bases, read as upper case: "
                             "prompt"]
-    with pytest.raises(InputError, match="--prompt takes the place of INPUT"):
-        load_prompts(["x.fa"], literal="ACGT")
+    with pytest.raises(InputError, match="literal takes the place of INPUT, regions and bed"):
+        load_prompts(["x.fa"], literal="ACGT")  # the library names its settings
     with pytest.raises(InputError, match="invalid character 'J'"):
         load_prompts(None, literal="ACJT")
 
@@ -191,7 +191,9 @@ def test_literal_prompt_on_the_command_line(model):
     assert r.code == 0, r.err
     assert r.out.startswith(">prompt.cont evspark ") and " prompt=prompt\n" in r.out
     r = run_cli(["generate", "--model", model, "-t", "1", "-q"])
-    assert "no input" in one_line_error(r, 2)
+    assert "or --prompt SEQUENCE" in one_line_error(r, 2)
+    r = run_cli(gen(model, "--prompt", "ACGT", "x.fa"))  # the command line names its options
+    assert "--prompt takes the place of INPUT, --region and --regions" in one_line_error(r, 2)
 
 
 def test_outputs_index_with_pyfaidx_and_read_back(tmp_path, model):

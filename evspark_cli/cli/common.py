@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from ..io.types import LengthCap
 
 
+PROMPT_OPTIONS = {"literal": "--prompt", "regions": "--region", "bed": "--regions"}
+"""The options of the commands that read prompts, by the library's setting names
+(io/prompts.load_prompts) where the plain rule (`prompt_tail` -> `--prompt-tail`) does not give
+them."""
+
+
 def warn(message: str) -> None:
     say(f"evspark: warning: {message}")
 

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, List, Optional
 
 from .app import command, debug_traceback, fail, first_line
-from .common import read_input, use_threads, warn
+from .common import PROMPT_OPTIONS, read_input, use_threads, warn
 from .generate_options import (
     CompareNativeOpt,
     DrafterOpt,
@@ -53,8 +53,8 @@ from .options import (
 from .progress import Progress
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
-    from ..decode.batch import Job
     from ..decode.drafters.base import Drafter
+    from ..decode.jobs import Job
     from ..generation.records import RecordScheme
     from ..generation.run import GenerationRun
     from ..io.types import Prompt
@@ -69,7 +69,7 @@ progress on the terminal and a summary at the end:
 Output ids: chr1:1000001-1004000.cont_s0 ... chrM.cont_s3 (see docs/cli.md)."""
 
 
-@command()
+@command(PROMPT_OPTIONS)
 def generate(
     inputs: Optional[List[str]] = InputsArg,
     region: Optional[List[str]] = RegionOpt,

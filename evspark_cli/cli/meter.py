@@ -12,7 +12,7 @@ from .progress import Progress
 
 if TYPE_CHECKING:  # the engine is imported lazily (a fast --help)
     from ..cpus import Threads
-    from ..decode.batch import Job, RoundReport
+    from ..decode.jobs import Job, RoundReport
     from ..generation.run import Pass, RunSummary
     from ..model.config import ModelConfig
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from .app import command, debug_traceback, fail, first_line
-from .common import read_input, use_threads
+from .common import PROMPT_OPTIONS, read_input, use_threads
 from .options import (
     DeviceOpt,
     DtypeOpt,
@@ -38,7 +38,7 @@ least 8,192 bases of context, as a TSV:
   evspark score assembly.fa.gz --context 8192 -o bits.tsv"""
 
 
-@command()
+@command(PROMPT_OPTIONS)
 def score(
     inputs: List[str] = typer.Argument(..., metavar="INPUT...", help="FASTA files or '-'."),
     model_dir: Optional[str] = ModelOpt,

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from .app import command
-from .common import read_input, use_threads
+from .common import PROMPT_OPTIONS, read_input, use_threads
 from .options import (
     OUTPUT_PANEL,
     PERFORMANCE_PANEL,
@@ -41,7 +41,7 @@ each region of a BED file, 256 tokens each, and keep a JSON report:
   evspark verify genome.fa --regions promoters.bed --prompt-tail 512 -n 256 --report v.json"""
 
 
-@command()
+@command(PROMPT_OPTIONS)
 def verify(
     inputs: Optional[List[str]] = typer.Argument(None, metavar="[INPUT...]", help="FASTA prompts "
                                                  "(default: the bundled example prompts)."),

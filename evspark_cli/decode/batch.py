@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -32,132 +32,12 @@ from ..errors import InputError, RunError
 from ..model.model import StripedHyena
 from ..model.state import InferenceState
 from .acceptance import decide_rows
-from .drafters.base import DraftContext, Drafter, DraftRows, RngKey
+from .drafters.base import DraftContext, Drafter, DraftRows
+from .jobs import DecodeResult, Job, Outcome, RoundReport, largest_draft, row_reserve
+from .prefill import Prefilled, prefill_prompt
 from .sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs
 
 ROLLBACKS = ("slice", "replay")
-
-
-@dataclass
-class DecodeResult:
-    tokens: list[int]
-    wall_s: float  # from the start of the row's prefill (or fork) to its last token
-    mode: str  # "native" or "speculative"
-    rounds: int = 0
-    accepted: list[int] = field(default_factory=list)  # drafts accepted per round
-    proposed: list[int] = field(default_factory=list)  # drafts proposed per round
-    draft_s: float = 0.0  # time of the drafting of the rounds this row took part in
-    verify_s: float = 0.0  # time of those rounds' verification and commit
-    margins: list[float] = field(default_factory=list)  # native top1 - top2 logit gap per token
-    position_accepts: list[int] = field(default_factory=list)  # per draft slot: times accepted
-    position_trials: list[int] = field(default_factory=list)  # per draft slot: times reached
-    prefill_s: float = 0.0  # time spent in the prompt's prefill (inside wall_s; 0 for a fork)
-    progress: list[tuple[int, float]] = field(default_factory=list)  # (tokens so far, seconds)
-
-    @property
-    def tau(self) -> float | None:
-        """Committed tokens per round, bonus/correction token included."""
-        return (sum(self.accepted) + self.rounds) / self.rounds if self.rounds else None
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return sum(self.accepted) / sum(self.proposed) if sum(self.proposed) else None
-
-
-KV_SLACK = 16
-"""KV positions a row reserves beyond its prompt, its tokens and one block: rounds never write
-past them, so a row's caches are sized once (docs/batching.md)."""
-
-
-def largest_draft(gamma: int, remaining: int) -> int:
-    """The most drafts a round proposes when `remaining` tokens are still asked: a round never
-    drafts past a job's last token (its bonus token is that last one)."""
-    return max(0, min(gamma, remaining - 1))
-
-
-def row_reserve(max_new_tokens: int, draft: int) -> int:
-    """KV positions a row needs past its prompt: its tokens, the largest block's drafts and
-    the slack."""
-    return max_new_tokens + draft + KV_SLACK
-
-
-@dataclass(frozen=True)
-class Job:
-    """One sequence to generate: a prompt, how many tokens, and its random-number key. Jobs
-    with the same prompt and record key (consecutive in the job list: a record's samples)
-    share one prefill. Built by `generation.jobs.build_jobs`, the one job builder."""
-
-    index: int  # place in the input order
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    rng: RngKey
-    label: str = ""  # the job's output id (messages, stats): record, then `_s{i}` if sampled
-    record: str = ""  # the base of the output ids of the record it continues
-    sample: int = 0
-
-
-@dataclass
-class Outcome:
-    """A finished job: its result, or the error that ended it (the other jobs go on)."""
-
-    job: Job
-    result: DecodeResult | None = None
-    error: Exception | None = None
-
-
-@dataclass
-class RoundReport:
-    """What one round did (for progress displays)."""
-
-    tokens: int  # tokens emitted by all rows
-    rows: int
-    accepted: int  # drafts accepted
-    proposed: int  # drafts proposed
-
-
-@dataclass
-class Prefilled:
-    """A prompt already run through the model, reusable by several rows (each gets a copy).
-
-    Benchmarks prefill a long prompt once and decode natively and speculatively from it, so that
-    both decoders are timed on decoding alone."""
-
-    state: InferenceState  # one row
-    anchor: int
-    hidden: Tensor | None  # hidden states of the last prompt positions, for drafters
-    seconds: float
-
-    def begin(self, keep_hidden: int = 0) -> tuple[InferenceState, int, Tensor | None]:
-        return self.state.clone(), self.anchor, self.hidden_for(keep_hidden)
-
-    def hidden_for(self, keep_hidden: int) -> Tensor | None:
-        if not keep_hidden or self.state.seqlen == 0:  # a one-token prompt has no hidden states
-            return None
-        if self.hidden is None or self.hidden.shape[0] < min(keep_hidden, self.state.seqlen):
-            raise ValueError("this prefill kept fewer hidden states than the drafter needs")
-        return self.hidden[-keep_hidden:]
-
-
-def start(model: StripedHyena, prompt: list[int] | tuple[int, ...], reserve: int,
-          keep_hidden: int = 0) -> tuple[InferenceState, int, Tensor | None]:
-    """Prefill prompt[:-1]; return (state, anchor, hidden states of the last `keep_hidden`)."""
-    if not prompt:
-        raise InputError("empty prompt")
-    ids = torch.tensor([list(prompt[:-1])], dtype=torch.long, device=model.device)
-    if ids.shape[1] == 0:
-        return model.empty_state(1, capacity=reserve), prompt[-1], None
-    _, hidden, state = model.prefill(ids, keep_last=max(1, keep_hidden), reserve=reserve)
-    if ids.device.type == "cuda":  # so that prefill_s times the prefill, not its launch
-        torch.cuda.synchronize(ids.device)
-    return state, prompt[-1], (hidden[0] if keep_hidden else None)
-
-
-@torch.inference_mode()
-def prefill_prompt(model: StripedHyena, prompt: list[int] | tuple[int, ...], reserve: int,
-                   keep_hidden: int = 0) -> Prefilled:
-    t0 = time.perf_counter()
-    state, anchor, hidden = start(model, prompt, reserve, keep_hidden)
-    return Prefilled(state, anchor, hidden, time.perf_counter() - t0)
 
 
 def all_finite(logits: Tensor) -> bool:

@@ -16,11 +16,13 @@ prompt through it.
 from __future__ import annotations
 
 from ..model.model import StripedHyena
-from .batch import ROLLBACKS, BatchDecoder, DecodeResult, Job, Prefilled, run_one
+from .batch import BatchDecoder, run_one
 from .drafters.base import Drafter, RngKey
+from .jobs import DecodeResult, Job
+from .prefill import Prefilled
 from .sampling import SamplerConfig
 
-__all__ = ["ROLLBACKS", "decode_speculative"]
+__all__ = ["decode_speculative"]
 
 
 def decode_speculative(model: StripedHyena, prompt: list[int], max_new_tokens: int,

@@ -21,12 +21,14 @@ from typing import Any, Callable
 import torch
 
 from .. import bundled
-from ..decode.batch import row_reserve
+from ..decode.batch import ROLLBACKS
 from ..decode.drafters.base import RngKey
 from ..decode.drafters.registry import bundled_drafter_dir, drafter_name, resolve_drafter
-from ..decode.native import DecodeResult, Prefilled, decode_native, prefill_prompt
+from ..decode.jobs import DecodeResult, row_reserve
+from ..decode.native import decode_native
+from ..decode.prefill import Prefilled, prefill_prompt
 from ..decode.sampling import SamplerConfig
-from ..decode.speculative import ROLLBACKS, decode_speculative
+from ..decode.speculative import decode_speculative
 from ..errors import SettingError, at_least
 from ..generation.options import check_gamma
 from ..io.fasta import read_prompts

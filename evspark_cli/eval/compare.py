@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from ..decode.drafters.base import Drafter, RngKey
-from ..decode.native import DecodeResult, decode_native
+from ..decode.jobs import DecodeResult
+from ..decode.native import decode_native
 from ..decode.sampling import SamplerConfig
 from ..decode.speculative import decode_speculative
 from ..io.types import Prompt

@@ -10,9 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..decode.batch import BatchDecoder, DecodeResult, Job
+from ..decode.batch import BatchDecoder
 from ..decode.drafters.base import Drafter
 from ..decode.drafters.registry import drafter_name
+from ..decode.jobs import DecodeResult, Job
 from ..decode.native import decode_native
 from ..decode.sampling import SamplerConfig
 from ..errors import InputError, SettingError, printable

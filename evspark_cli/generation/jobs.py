@@ -13,8 +13,8 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..decode.batch import Job
 from ..decode.drafters.base import RngKey
+from ..decode.jobs import Job
 from ..errors import InputError
 from ..io.types import Prompt
 from ..model.tokenizer import tokenize

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decode.batch import ROLLBACKS, largest_draft, row_reserve
+from ..decode.batch import ROLLBACKS
 from ..decode.drafters.base import Drafter
+from ..decode.jobs import largest_draft, row_reserve
 from ..decode.sampling import SamplerConfig
 from ..errors import InputError, SettingError, at_least
 from ..model.model import StripedHyena

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from ..decode.batch import Job
+from ..decode.jobs import Job
 from ..errors import SettingError
 from ..io.types import Prompt
 from ..io.writers import FastaOutput, StatsOutput, fasta_letters
@@ -52,10 +52,8 @@ def open_outputs(scheme: RecordScheme, prompts: Sequence[Prompt], output: str | 
     """The outputs of a run over `prompts`; resumed ones checked against this run (a
     SettingError naming the setting that differs). A run refused here leaves no new `.partial`
     behind."""
-    samples = scheme.options.samples
     ids = scheme.output_ids(list(prompts))
-    by_id = {i: (p, s) for i, (p, s) in zip(ids, ((p, s) for p in prompts
-                                                   for s in range(samples)))}
+    by_id = dict(zip(ids, [(p, s) for p in prompts for s in range(scheme.options.samples)]))
     fasta = FastaOutput(output, line_width=line_width, resume=resume)
     stat_out: StatsOutput | None = None
     try:

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..decode.batch import Job
 from ..decode.drafters.base import Drafter
 from ..decode.drafters.registry import resolve_drafter
+from ..decode.jobs import Job
 from ..errors import SettingError
 from ..io.types import Prompt
 from ..model.memory import check_batch_fits, largest_batch, run_budget

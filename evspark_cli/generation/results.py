@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..decode.batch import DecodeResult, Job
+from ..decode.jobs import DecodeResult, Job
 
 STATS_COLUMNS = ["record_id", "sample", "prompt_len", "new_tokens", "mode", "drafter", "gamma",
                  "rounds", "tau", "acceptance_rate", "wall_s", "tokens_per_s", "native_wall_s",

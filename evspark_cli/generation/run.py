@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..decode.batch import BatchDecoder, DecodeResult, Job, RoundReport
+from ..decode.batch import BatchDecoder
 from ..decode.drafters.base import Drafter
 from ..decode.drafters.registry import drafter_name
+from ..decode.jobs import DecodeResult, Job, RoundReport
 from ..model.model import StripedHyena
 from ..model.tokenizer import detokenize
 from .options import DecodeOptions

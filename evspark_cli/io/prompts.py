@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import InputError
+from ..errors import InputError, SettingError
 from .fasta import clean, read_prompts, record_key
 from .regions import LITERAL_ID, name_bed_prompts, read_bed
 from .shard import parse_shard, select_shard
@@ -45,7 +45,7 @@ def _plural(n: int, word: str) -> str:
 def literal_prompt(seq: str, prompt_tail: int | None = None, iupac: str = "keep") -> Prompt:
     """`--prompt ACGT...`: one prompt with id `prompt` (io/regions.LITERAL_ID)."""
     if not isinstance(seq, str) or not seq.strip():
-        raise InputError("--prompt: empty sequence")
+        raise SettingError("{0}: empty sequence", "literal")
     raw = seq.strip()
     bases = clean(raw, "--prompt", 0, iupac, record_key(LITERAL_ID))
     kept = bases[-prompt_tail:] if prompt_tail else bases
@@ -64,13 +64,14 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
     inputs = list(inputs or [])
     if literal is not None:
         if inputs or regions or bed:
-            raise InputError("--prompt takes the place of INPUT, --region and --regions; "
-                             "give one or the other")
+            raise SettingError("{0} takes the place of INPUT, {1} and {2}; give one or the "
+                               "other", "literal", "regions", "bed")
         prompts = select_shard([literal_prompt(literal, prompt_tail, iupac)],
                                parse_shard(shard) if shard is not None else None)
         return _checked(Prompts(prompts), shard)
     if not inputs:
-        raise InputError("no input: give FASTA files (or '-' for stdin), or --prompt SEQUENCE")
+        raise SettingError("no input: give FASTA files (or '-' for stdin), or {0} SEQUENCE",
+                           "literal")
     beds = read_bed(bed) if bed is not None else []
     wanted = list(regions or []) + [b.region for b in beds]
     if wanted:

@@ -211,7 +211,7 @@ class Trainer:
         self.tokens_seen = 0
         self.wall = 0.0
         if not cfg.train:
-            raise InputError("training needs at least one --train FASTA file or folder")
+            raise SettingError("training needs at least one {0} FASTA file or folder", "train")
         if self.out.exists() and not self.out.is_dir():
             raise InputError(f"out_dir {self.out} is a file, not a run folder")
         self.corpus = Corpus.from_paths(cfg.train)
