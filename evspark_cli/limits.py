@@ -25,13 +25,19 @@ def read_config(model_dir: str | Path | None) -> ModelConfig:
     return ModelConfig.load(model_folder(model_dir) / CONFIG)
 
 
-def context_cap(model_dir: str | Path | None) -> LengthCap | None:
-    """The most bases of a prompt worth reading: the model's context. None when the model
-    cannot be read (loading it reports why, after the inputs are checked)."""
+def readable_config(model_dir: str | Path | None) -> ModelConfig | None:
+    """The model folder's config, read once before the inputs (a command hands it on to
+    `load_model`); None when it cannot be read (loading reports why, after the inputs are
+    checked)."""
     try:
-        return LengthCap(read_config(model_dir).max_seqlen, "the model's context")
+        return read_config(model_dir)
     except ModelError:
         return None
+
+
+def context_cap(config: ModelConfig | None) -> LengthCap | None:
+    """The most bases of a prompt worth reading: the model's context (None: no config)."""
+    return None if config is None else LengthCap(config.max_seqlen, "the model's context")
 
 
 SCORE_BYTES_PER_BASE = 16

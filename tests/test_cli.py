@@ -229,6 +229,25 @@ def test_fasta_output_header_width_samples_and_prompt(tmp_path, model, recs):
     assert all(len(s.splitlines()) == 2 for s in split_fasta(wide).values())
 
 
+def test_a_run_reads_the_model_config_once(tmp_path, model, recs, monkeypatch):
+    """generate and verify read config.json once: to bound their inputs, then to load."""
+    from evspark_cli.model.config import ModelConfig
+
+    src = tmp_path / "in.fa"
+    src.write_text(records_text({"r1": recs["r1"]}))
+    real = ModelConfig.load.__func__
+    reads: list[str] = []
+
+    def counted(cls, path):
+        reads.append(str(path))
+        return real(cls, path)
+
+    monkeypatch.setattr(ModelConfig, "load", classmethod(counted))
+    ok(gen(model, src, "-n", 4, "-o", tmp_path / "a.fa", "--drafter", "kmer"))
+    ok(["verify", src, "--model", model, *FAST, "-n", 4, "--drafter", "kmer"])
+    assert reads == [str(Path(model) / "config.json")] * 2, reads
+
+
 def test_stats_files_have_exactly_the_documented_columns(tmp_path, model, recs):
     src = tmp_path / "in.fa"
     src.write_text(records_text({k: recs[k] for k in ("r1", "r2")}))

@@ -108,14 +108,15 @@ def generate(
 ) -> None:
     """Continue each record (or region) and write the continuations as FASTA."""
     from ..io.writers import check_distinct_outputs, check_output_path
-    from ..limits import context_cap
+    from ..limits import context_cap, readable_config
 
     t0 = time.monotonic()
     for path in (output, stats):
         check_output_path(path)
     check_distinct_outputs(inputs, [("--output", output), ("--stats", stats)])
+    config = readable_config(model_dir)
     got = read_input(inputs, region, regions, prompt_tail, shard, strict, literal=prompt,
-                     iupac=iupac, cap=context_cap(model_dir))
+                     iupac=iupac, cap=context_cap(config))
     prompts = got.prompts
     # the bar shows before torch is imported (a second or two): a run says what it does at once
     with Progress("generate", "tokens", quiet=quiet) as prog:
@@ -129,7 +130,8 @@ def generate(
         used = use_threads(threads)
         model, d = model_and_drafter(model_dir, prompts, options, drafter, force_drafter,
                                      device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                                     compile=compile_cpu, max_memory=max_memory)
+                                     compile=compile_cpu, max_memory=max_memory,
+                                     config=config)
         scheme = RecordScheme(model.config.model_name, d, options, include_prompt, prompt_tail,
                               iupac)
         run, jobs, failed = _decode(scheme, model, d, prompts, prog, output, stats, line_width,

@@ -89,7 +89,7 @@ def verify(
     from ..generation.options import DecodeOptions
     from ..generation.plan import model_and_drafter
     from ..io.writers import check_distinct_outputs, check_output_path, write_text_atomic
-    from ..limits import context_cap
+    from ..limits import context_cap, readable_config
 
     options = VerifyOptions(DecodeOptions(max_new_tokens, gamma, top_k=1, rollback=rollback),
                             tie_tolerance, batch_size)
@@ -97,14 +97,16 @@ def verify(
         check_output_path(report)
         check_distinct_outputs(inputs, [("--report", report)])
     t0 = time.monotonic()
+    config = readable_config(model_dir)
     prompts = read_input(inputs or [str(example_prompts())], region, regions, prompt_tail, shard,
-                         strict, iupac=iupac, cap=context_cap(model_dir)).prompts
+                         strict, iupac=iupac, cap=context_cap(config)).prompts
     used = use_threads(threads)
     with Progress("verify", "prompts", total=len(prompts), quiet=quiet) as prog:
         prog.update(status="loading the model")
         model, d = model_and_drafter(model_dir, prompts, options.decode, drafter, force_drafter,
                                      device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                                     compile=compile_cpu, max_memory=max_memory)
+                                     compile=compile_cpu, max_memory=max_memory,
+                                     config=config)
         prog.update(status="")
         result = verify_prompts(model, prompts, d, options, _counter(prog), options.batch_size)
     print("\n".join(result.table()))

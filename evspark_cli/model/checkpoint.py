@@ -132,16 +132,19 @@ def model_folder(path: str | Path | None) -> Path:
 
 def load_model(path: str | Path | None = None, device: str | None = "cpu",
                dtype: str | torch.dtype | None = None, cuda_graphs: bool = True,
-               compile: bool = False, max_memory: str | int | None = None) -> StripedHyena:
+               compile: bool = False, max_memory: str | int | None = None,
+               config: ModelConfig | None = None) -> StripedHyena:
     """Load a model folder (None = the bundled target) for inference.
 
     The config is checked against the weights file's header and against the memory there is
     (or `max_memory`, e.g. "8G") before anything is built: a config that asks for more than its
     weights or the machine hold is refused (ModelError) instead of allocating until memory runs
     out. On a GPU, decode steps and verification blocks replay CUDA graphs unless `cuda_graphs`
-    is False; on a CPU, `compile` runs them through torch.compile (model/graphs.py)."""
+    is False; on a CPU, `compile` runs them through torch.compile (model/graphs.py). `config`:
+    the folder's config when the caller has read it already (a command reads it once, to bound
+    its inputs before the model loads)."""
     folder = model_folder(path)
-    cfg = ModelConfig.load(folder / CONFIG)
+    cfg = config if config is not None else ModelConfig.load(folder / CONFIG)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     host, gpu = load_budgets(dev, max_memory)
