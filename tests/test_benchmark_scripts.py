@@ -25,6 +25,10 @@ SMOKE = {
     "gpu_bundled": ["--device", "cpu", "--tokens", "16"],
     "gpu_throughput": ["--small", "--device", "cpu", "--batches", "1,2", "--tokens", "8",
                        "--prompt-len", "64"],
+    "native_step": ["--tokens", "8", "--repeats", "1", "--batches", "1,2", "--prompt-len", "64",
+                    "--threads", "1"],
+    "identity_vs_native": ["--records", "1", "--tokens", "8", "--runs", "1", "--batches", "1"],
+    "fasta_reader": ["--megabases", "0.2", "--repeats", "1"],
 }
 
 

@@ -154,6 +154,33 @@ def test_passes_interleave_and_repeat_a_small_run(model):
     assert len(plain.passes(jobs)) == 1
 
 
+def test_stats_speedup_is_the_speedup_of_the_pair_a_job_was_timed_in(model):
+    """One definition of a speedup: a job's stats row carries its timed pair's ratio (native
+    seconds per token over speculative seconds per token), the job alone with a batch of one,
+    its slice pooled otherwise; the summary pools the same pairs."""
+    from evspark_cli.decode.drafters.registry import resolve_drafter
+    from evspark_cli.generation.jobs import Record, build_jobs
+    from evspark_cli.generation.options import DecodeOptions
+    from evspark_cli.generation.run import GenerationRun
+    from evspark_cli.model.checkpoint import load_model
+
+    m = load_model(model)
+    opts = DecodeOptions(6, 3, seed=2)
+    v = m.config.vocab_size
+    jobs = build_jobs([Record.named(i, s, v) for i, s in
+                       [("a", "ACGTACGT"), ("b", "GGCCAATT"), ("c", "TTGACA")]], opts)
+    for batch, pair_of in ((1, [0, 1, 2]), (2, [0, 0, 1])):
+        run = GenerationRun(m, resolve_drafter(m, "kmer"), opts, batch_size=batch,
+                            compare_native=True)
+        outs = list(run.outcomes(jobs))
+        ratios = [p.ratio for p in run.summary.pairs]
+        assert all(r is not None and r > 0 for r in ratios)
+        assert [o.output.stats["speedup"] for o in outs] == \
+            [round(ratios[k], 3) for k in pair_of]
+        pooled = run.summary.speedup
+        assert min(ratios) <= pooled <= max(ratios)
+
+
 def test_compare_native_summary_and_threads_on_the_command_line(tmp_path, model):
     src = tmp_path / "in.fa"
     src.write_text(">a\nACGTACGTTAGCATGCAAGT\n")

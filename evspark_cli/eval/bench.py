@@ -31,6 +31,7 @@ from ..decode.sampling import SamplerConfig
 from ..decode.speculative import decode_speculative
 from ..errors import SettingError, at_least
 from ..generation.options import check_gamma
+from ..generation.results import speedup
 from ..io.fasta import read_prompts
 from ..io.types import Prompt
 from ..model.model import StripedHyena
@@ -194,7 +195,8 @@ def _summ(rows: list[dict]) -> dict[str, Any]:
     rounds = sum(r["rounds"] for r in rows)
     trials = [sum(x) for x in zip(*[r["position_trials"] for r in rows])]
     accepts = [sum(x) for x in zip(*[r["position_accepts"] for r in rows])]
-    return {"pooled_speedup": nat / spec if spec else None, "min_speedup": sp[0],
+    tokens = sum(r["tokens"] for r in rows)  # the same jobs on both sides
+    return {"pooled_speedup": speedup(nat, tokens, spec, tokens), "min_speedup": sp[0],
             "median_speedup": sp[len(sp) // 2], "max_speedup": sp[-1],
             "tau": (acc + rounds) / rounds if rounds else None,
             "native_s": nat, "spec_s": spec, "draft_s": sum(r["draft_s"] for r in rows),

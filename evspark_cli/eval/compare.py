@@ -15,6 +15,7 @@ from ..decode.jobs import DecodeResult
 from ..decode.native import decode_native
 from ..decode.sampling import SamplerConfig
 from ..decode.speculative import decode_speculative
+from ..generation.results import speedup
 from ..io.types import Prompt
 from ..model.model import StripedHyena
 
@@ -69,5 +70,5 @@ def compare_greedy(record_id: str, native: DecodeResult, spec: DecodeResult,
         "tau": spec.tau or 0.0,
         "native_s": native.wall_s,
         "spec_s": spec.wall_s,
-        "speedup": native.wall_s / spec.wall_s if spec.wall_s > 0 else 0.0,
+        "speedup": speedup(native.wall_s, len(native.tokens), spec.wall_s, len(spec.tokens)),
     }

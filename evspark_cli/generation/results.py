@@ -4,6 +4,12 @@ Per-job timings in a batched run: `wall_s` is the job's latency, from the start 
 (or of its fork from a shared prefill) to its last token, while it shared the batch with other
 rows; `tokens_per_s` is its tokens over that latency. The run's own throughput is
 `RunSummary.tokens_per_s` (generation/run.py).
+
+A speedup has one definition everywhere (the summary line, the stats' `speedup` column,
+`bench`): native seconds per token over speculative seconds per token, each side the wall time
+of decoding the same jobs, prefill included, measured side by side (`speedup`). A job's stats
+row carries the speedup of the timed pair of passes it was decoded in: with a batch of one, the
+job alone; otherwise its slice of the run, pooled.
 """
 from __future__ import annotations
 
@@ -35,14 +41,23 @@ class JobOutcome:
     error: Exception | None = None
 
 
+def speedup(native_s: float, native_tokens: int, spec_s: float,
+            spec_tokens: int) -> float | None:
+    """Native seconds per token over speculative seconds per token (None without timings)."""
+    if not (native_s > 0 and native_tokens and spec_s > 0 and spec_tokens):
+        return None
+    return (native_s / native_tokens) / (spec_s / spec_tokens)
+
+
 def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
 def make_stats(job: Job, res: DecodeResult, drafter: str, gamma: int,
-               native: DecodeResult | None) -> dict[str, Any]:
+               native: DecodeResult | None, pair_speedup: float | None = None
+               ) -> dict[str, Any]:
     """A job's stats row (STATS_COLUMNS); the native columns when it was also decoded
-    natively."""
+    natively, with `pair_speedup` (the speedup of its timed pair of passes) as `speedup`."""
     n = len(res.tokens)
     spec = res.mode == "speculative"
     row: dict[str, Any] = {
@@ -56,5 +71,5 @@ def make_stats(job: Job, res: DecodeResult, drafter: str, gamma: int,
     if native is not None:
         row["native_wall_s"] = _round(native.wall_s)
         row["native_tokens_per_s"] = _round(len(native.tokens) / native.wall_s, 2)
-        row["speedup"] = _round(native.wall_s / res.wall_s, 3)
+        row["speedup"] = _round(pair_speedup, 3)
     return row

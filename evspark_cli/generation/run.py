@@ -24,7 +24,7 @@ from ..decode.jobs import DecodeResult, Job, RoundReport
 from ..model.model import StripedHyena
 from ..model.tokenizer import detokenize
 from .options import DecodeOptions
-from .results import GenerateOutput, JobOutcome, make_stats
+from .results import GenerateOutput, JobOutcome, make_stats, speedup
 
 COMPARE_PAIRS = 3
 """compare_native times at least this many native/speculative pairs (repeating slices of a
@@ -45,10 +45,8 @@ class PairTiming:
 
     @property
     def ratio(self) -> float | None:
-        """Native seconds per token over speculative seconds per token."""
-        if not (self.native_s and self.native_tokens and self.spec_s and self.spec_tokens):
-            return None
-        return (self.native_s / self.native_tokens) / (self.spec_s / self.spec_tokens)
+        """Native seconds per token over speculative seconds per token (`results.speedup`)."""
+        return speedup(self.native_s, self.native_tokens, self.spec_s, self.spec_tokens)
 
 
 @dataclass
@@ -80,11 +78,9 @@ class RunSummary:
         speculative seconds per token."""
         timed = [p for p in self.pairs if p.ratio is not None]
         if timed:
-            native = sum(p.native_s for p in timed) / sum(p.native_tokens for p in timed)
-            return native / (sum(p.spec_s for p in timed) / sum(p.spec_tokens for p in timed))
-        if not self.native_seconds or not self.seconds or not self.tokens:
-            return None
-        return (self.native_seconds / self.native_tokens) / (self.seconds / self.tokens)
+            return speedup(sum(p.native_s for p in timed), sum(p.native_tokens for p in timed),
+                           sum(p.spec_s for p in timed), sum(p.spec_tokens for p in timed))
+        return speedup(self.native_seconds, self.native_tokens, self.seconds, self.tokens)
 
     @property
     def ratios(self) -> list[float]:
@@ -243,13 +239,40 @@ class GenerationRun:
 
     def _decode(self, p: Pass, drafter: Drafter | None,
                 native: dict[int, DecodeResult]) -> Iterator[JobOutcome]:
+        """The pass decoded with `drafter`. A pass with a native twin hands its outcomes back
+        when it ends, each stats row carrying the pair's speedup (`results.speedup`)."""
+        if native:
+            yield from self._compared(p, drafter, native)
+            return
+        for job, res, error in self._timed(p, drafter):
+            yield self._outcome(job, res, error, drafter, None, None)
+
+    def _compared(self, p: Pass, drafter: Drafter | None,
+                  native: dict[int, DecodeResult]) -> Iterator[JobOutcome]:
+        done = list(self._timed(p, drafter))
+        ratio = self.summary.pairs[p.pair].ratio if p.pair < len(self.summary.pairs) else None
+        for job, res, error in done:
+            yield self._outcome(job, res, error, drafter, native.get(job.index), ratio)
+
+    def _outcome(self, job: Job, res: DecodeResult | None, error: Exception | None,
+                 drafter: Drafter | None, nat: DecodeResult | None,
+                 ratio: float | None) -> JobOutcome:
+        if res is None:
+            return JobOutcome(job, error=error)
+        stats = make_stats(job, res, drafter_name(drafter), self.options.gamma,
+                           nat if drafter is not None else None, ratio)
+        return JobOutcome(job, GenerateOutput(res.tokens, detokenize(res.tokens), stats, res,
+                                              nat))
+
+    def _timed(self, p: Pass, drafter: Drafter | None
+               ) -> Iterator[tuple[Job, DecodeResult | None, Exception | None]]:
+        """The pass's results as the decoder finishes them, its decoding time (not the
+        caller's time between them) counted in the summary and in its pair."""
         opts = self.options
-        speculative = drafter is not None
         dec = BatchDecoder(self.model, opts.sampler, drafter, opts.gamma, self.batch_size,
                            opts.rollback,
                            on_round=self._rounds(p, None if p.timing_only else self.on_round),
                            capacity=opts.row_capacity(max(len(j.prompt) for j in p.jobs)))
-        name = drafter_name(drafter)
         # a timing-only repeat counts in its pair, not in the run's totals
         summary = self.summary if not p.timing_only else RunSummary()
         tokens, away = 0, 0.0
@@ -257,22 +280,16 @@ class GenerationRun:
         try:
             for o in dec.run(self._feed(p)):
                 summary.jobs += 1
-                if o.result is None:
-                    summary.failed += 1
-                    t_out = time.perf_counter()
-                    yield JobOutcome(o.job, error=o.error)
-                    away += time.perf_counter() - t_out
-                    continue
                 res = o.result
-                tokens += len(res.tokens)
-                summary.tokens += len(res.tokens)
-                summary.rounds += res.rounds
-                summary.accepted += sum(res.accepted)
-                nat = native.get(o.job.index) if speculative else None
-                stats = make_stats(o.job, res, name, opts.gamma, nat)
+                if res is None:
+                    summary.failed += 1
+                else:
+                    tokens += len(res.tokens)
+                    summary.tokens += len(res.tokens)
+                    summary.rounds += res.rounds
+                    summary.accepted += sum(res.accepted)
                 t_out = time.perf_counter()
-                yield JobOutcome(o.job, GenerateOutput(res.tokens, detokenize(res.tokens), stats,
-                                                       res, native.get(o.job.index)))
+                yield o.job, res, o.error
                 away += time.perf_counter() - t_out
         finally:
             seconds = time.perf_counter() - t0 - away  # decoding only, not the caller's writes
