@@ -67,10 +67,12 @@ def generate(model: StripedHyena, prompt: str | Sequence[int], max_new_tokens: i
              rollback: str = "slice", record: int = 0, sample: int = 0,
              record_id: str = "prompt", compare_native: bool = False,
              force_drafter: bool = False) -> GenerateOutput:
-    """Continue `prompt` by `max_new_tokens` tokens; lossless whatever the drafter. `record`
-    is the prompt's random-number key and `sample` its sample index (the same key gives the
-    same tokens as `generate_many`); `compare_native` also decodes natively and fills the
-    speedup columns."""
+    """Continue `prompt` by `max_new_tokens` tokens; lossless whatever the drafter. `prompt`
+    is checked as the command line checks `--prompt`: IUPAC letters in any case, upper-cased
+    (U read as T, ambiguity codes kept), or a sequence of integer token ids; anything else is
+    an InputError naming the position (generation/jobs.prompt_ids). `record` is the prompt's
+    random-number key and `sample` its sample index (the same key gives the same tokens as
+    `generate_many`); `compare_native` also decodes natively and fills the speedup columns."""
     options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed,
                             rollback=rollback)
     rec = Record(record_id, prompt_ids(prompt, model.config.vocab_size), record)
@@ -92,14 +94,11 @@ def generate_many(model: StripedHyena,
 
     `prompts` is a list (strings or token ids; prompt i is keyed by its index, so prompt 0,
     sample 0 gives what `generate(model, prompt)` gives) or a {record id: sequence} mapping (keyed
-    by record id, as the command line keys a record). Lossless per row whatever the batch
-    size."""
+    by record id, as the command line keys a record); a single string is one prompt. Every
+    prompt is checked as `generate` checks it (an InputError names `prompts[i]` or the record
+    id). Lossless per row whatever the batch size."""
     options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed, samples,
                             rollback)
-    vocab = model.config.vocab_size
-    if isinstance(prompts, Mapping):
-        records = [Record.named(rid, p, vocab) for rid, p in prompts.items()]
-    else:
-        records = [Record(f"prompt{i}", prompt_ids(p, vocab), i) for i, p in enumerate(prompts)]
+    records = Record.listed(prompts, model.config.vocab_size)
     return _run(model, records, options, drafter, force_drafter, batch_size, max_memory,
                 on_round=on_round)

@@ -127,6 +127,34 @@ def test_a_batch_that_does_not_fit_is_refused_naming_the_largest(tmp_path, model
     assert plan_batch(m_, jobs, opts, None, None) == 8  # no more rows than jobs
 
 
+@pytest.mark.parametrize("args,memory", [(["-n", 4, "-b", 0], None), (["-n", 4, "-b", -1], None),
+                                         (["-n", 3000, "--samples", 8, "-b", 32], "30M")],
+                         ids=["zero", "negative", "too-big-for-memory"])
+def test_a_refused_batch_size_leaves_no_partial(tmp_path, model, src, monkeypatch, args,
+                                                memory):
+    """The batch size (and the memory it needs) is checked before the outputs are opened: a
+    refused run leaves no `.partial` that the next run would refuse as an interrupted run's."""
+    out, stats = tmp_path / "o.fa", tmp_path / "o.tsv"
+    if memory is not None:
+        monkeypatch.setenv("EVSPARK_MAX_MEMORY", memory)
+    r = run_cli(gen(model, src, *args, "-o", out, "--stats", stats))
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
+    assert "--batch-size" in r.err, r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], r.err
+    monkeypatch.delenv("EVSPARK_MAX_MEMORY", raising=False)
+    ok(gen(model, src, "-n", 4, "-b", 2, "-o", out, "--stats", stats))  # a plain rerun works
+    assert out.exists() and stats.exists()
+
+
+def test_an_absurd_batch_size_is_clamped_before_allocation(tmp_path, model, src):
+    """`verify -b 1000000000` decodes with as many rows as there are jobs (the decoder's free
+    slots are a range, not a list of a billion numbers)."""
+    r = run_cli(["verify", src, "--model", model, "-n", 4, "--drafter", "kmer", "--gamma", 3,
+                 "--batch-size", 1000000000, "--threads", 1, "-q"])
+    assert r.code == 0, r.err
+    assert "non_tie_divergences=0" in r.out
+
+
 def test_a_default_batch_that_does_not_fit_is_lowered_with_a_warning(tmp_path, model, src,
                                                                       monkeypatch):
     import evspark_cli as evs

@@ -458,6 +458,21 @@ def test_output_named_like_the_stats_partial_is_refused(phix_model: Path, tmp_pa
     assert not list(tmp_path.glob("X.tsv*"))
 
 
+@pytest.mark.parametrize("out", [[], ["-o", "-"]], ids=["default", "dash"])
+def test_stats_and_fasta_both_on_stdout_are_refused(phix_model: Path, tmp_path: Path, out):
+    """`--stats -` with the FASTA on standard output would interleave TSV rows into it."""
+    refused(f"--stats - with the FASTA on stdout ({' '.join(out) or 'no -o'})",
+            ["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4, *out,
+             "--stats", "-"], 2,
+            r"^evspark: error: --output and --stats would both write to standard output "
+            r"\(interleaved\); give all but one of them a file$", tmp_path, MODEL=phix_model)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.fa"]
+    ok = run_cli(["generate", fasta_file(tmp_path), "--model", phix_model, *FAST, "-n", 4,
+                  "-o", tmp_path / "o.fa", "--stats", "-"])  # one of them on stdout is fine
+    assert ok.code == 0, ok.err
+    assert ok.out.startswith("record_id\t")
+
+
 # ------------------------------------------------ a symlinked, live or replaced .partial
 
 

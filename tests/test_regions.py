@@ -103,13 +103,43 @@ def test_bed_is_converted_exactly(tmp_path):
     ("chrM\t-1\t4\n", "do not make a region"),
     ("chrM\t0\t4\tx\nchrM\t4\t8\tx\n", "name 'x' is also used"),
     ("# nothing\n", "no regions"),
+    # int() takes all of these; a BED coordinate is digits only
+    ("chrM\t1_0\t12\n", r"bad\.bed line 1: start and end must be integers \(digits only\), "
+                        r"got '1_0' and '12'"),
+    ("chrM\t+5\t9\n", "must be integers"),
+    ("chrM\t 5\t9\n", "must be integers"),
+    ("chrM\t0\t1e1\n", "must be integers"),
+    ("chrM\t0\t1,0\n", "must be integers"),
+    ("chrM\t0\t\uff15\n", "must be integers"),  # a full-width digit
+    # errors found while reading the regions name the BED line, not an internal region form
+    ("chrM\t0\t4\nchrX\t0\t4\n", r"^\S*bad\.bed line 2: no record 'chrX' in \S*g\.fa$"),
+    ("chrM\t0\t40\n", r"^\S*bad\.bed line 1: position 40 is past the end of record 'chrM' "
+                      r"\(14 bp\)"),
+    ("chrM\t0\t4\nchrM\t0\t4\n", r"bad\.bed line 2: region 'chrM:1-4' is given more than once"),
+    ("chrM\t0\t4\tx\nchrM\t4\t8\tx\n", r"bad\.bed line 2: name 'x' is also used at "
+                                       r"\S*bad\.bed line 1"),
 ])
 def test_bad_bed_lines(tmp_path, line, needle):
     bed = tmp_path / "bad.bed"
     bed.write_text(line)
     g = fasta(tmp_path / "g.fa", GENOME)
-    with pytest.raises(InputError, match=needle):
+    with pytest.raises(InputError, match=needle) as e:
         load_prompts([str(g)], bed=str(bed), index_dir=str(tmp_path / "i"))
+    assert "{" not in str(e.value)
+
+
+def test_bed_headers_are_whole_words(tmp_path):
+    """Only `#...` lines and lines whose first word is exactly `track` or `browser` are
+    headers: contigs named `track1` or `browser_x` are regions; trailing blanks end a line."""
+    g = fasta(tmp_path / "g.fa", {"track1": "ACGTACGT", "browser_x": "GGGGCCCC", "chrM": "GATT"})
+    bed = tmp_path / "r.bed"
+    bed.write_text("track\tname=x\nbrowser hide all\n#track1\t0\t2\n"
+                   "track1\t0\t4\nbrowser_x 2 6\nchrM\t0\t004 \t\n")
+    assert [(b.canonical, b.name) for b in read_bed(str(bed))] == [
+        ("track1:1-4", None), ("browser_x:3-6", None), ("chrM:1-4", None)]
+    got = load_prompts([str(g)], bed=str(bed), index_dir=str(tmp_path / "i")).prompts
+    assert [(p.id, p.seq) for p in got] == [
+        ("track1:1-4", "ACGT"), ("browser_x:3-6", "GGCC"), ("chrM:1-4", "GATT")]
 
 
 # ----------------------------------------------------------------- warnings and empty records
@@ -149,6 +179,10 @@ def test_literal_prompt(tmp_path):
         load_prompts(["x.fa"], literal="ACGT")  # the library names its settings
     with pytest.raises(InputError, match="invalid character 'J'"):
         load_prompts(None, literal="ACJT")
+    # what a repeated option gives: one is the sequence, two are refused (none dropped)
+    assert load_prompts(None, literal=["ACGT"]).prompts[0].seq == "ACGT"
+    with pytest.raises(InputError, match=r"^literal is given 2 times; it takes one sequence"):
+        load_prompts(None, literal=["ACGT", "GGCC"])
 
 
 # ------------------------------------------------------------------ the command and its ids
@@ -194,6 +228,14 @@ def test_literal_prompt_on_the_command_line(model):
     assert "or --prompt SEQUENCE" in one_line_error(r, 2)
     r = run_cli(gen(model, "--prompt", "ACGT", "x.fa"))  # the command line names its options
     assert "--prompt takes the place of INPUT, --region and --regions" in one_line_error(r, 2)
+
+
+def test_repeated_prompt_is_refused(model):
+    """A second `--prompt` used to replace the first silently."""
+    r = run_cli(gen(model, "--prompt", "ACGTACGT", "--prompt", "GGGGCCCC"))
+    assert one_line_error(r, 2) == ("evspark: error: --prompt is given 2 times; it takes one "
+                                    "sequence (put several prompts in a FASTA file)")
+    assert r.out == ""
 
 
 def test_outputs_index_with_pyfaidx_and_read_back(tmp_path, model):

@@ -193,3 +193,42 @@ def test_api_generate_rejects_bad_token_ids_and_seeds(random_model):
     limit = m.config.max_seqlen
     with pytest.raises(InputError, match="context"):
         evs.generate(m, "ACGT", max_new_tokens=limit - 3, drafter="kmer")
+
+
+def test_api_prompts_are_checked_like_the_command_line(random_model):
+    """`generate_many` takes a string as one prompt, upper-cases letters, refuses letters outside
+    the IUPAC alphabet (naming the prompt and position) and wrong types with an InputError."""
+    import evspark_cli as evs
+
+    m = load_model(random_model)
+    kw = dict(max_new_tokens=3, drafter="kmer", gamma=2)
+    one = evs.generate_many(m, "ACGTACGT", **kw)
+    assert len(one) == 1
+    assert one[0].tokens == evs.generate_many(m, ["ACGTACGT"], **kw)[0].tokens
+    assert one[0].tokens == evs.generate(m, "ACGTACGT", **kw).tokens
+    lower = evs.generate_many(m, ["acgtNNacgu", "GGCC"], **kw)
+    upper = evs.generate_many(m, ["ACGTNNACGT", "GGCC"], **kw)
+    assert [o.tokens for o in lower] == [o.tokens for o in upper]
+    assert evs.generate(m, "acgt", **kw).tokens == evs.generate(m, "ACGT", **kw).tokens
+    ids = [65, 67, 71, 84]  # token ids stay accepted as they are
+    assert evs.generate_many(m, [ids], **kw)[0].tokens == evs.generate(m, "ACGT", **kw).tokens
+    for prompts, message in [
+        (["ACGT", "ACJT"], r"^prompts\[1\]: invalid character 'J' at position 3$"),
+        ({"r1": "AC-T"}, r"^prompt 'r1': invalid character '-' at position 3 \(alignment gaps"),
+        (["ACGT", ""], r"^prompts\[1\]: empty sequence$"),
+        (5, r"^prompts must be a list of prompts .* got int$"),
+        (None, r"^prompts must be a list .* got NoneType$"),
+        ([65, 67], r"^prompts\[0\] must be .* got int \(a list of token ids is one prompt"),
+        ([None], r"^prompts\[0\] must be a string of bases or a sequence of token ids, got "
+                 r"NoneType$"),
+        ([["A", "C"]], r"^prompts\[0\]: token 1 is not an integer token id \(str\)"),
+        ([[65, 1.5]], r"^prompts\[0\]: token 2 is not an integer token id \(float\)"),
+        ({"r1": 5}, r"^prompt 'r1' must be .* got int$"),
+        ({"r1": None}, r"^prompt 'r1' must be .* got NoneType$"),
+        ({7: "ACGT"}, r"^a prompt's id must be a non-empty string, got 7$"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            evs.generate_many(m, prompts, **kw)
+    for prompt in (None, 5, {"a": "ACGT"}, "AC GT"):
+        with pytest.raises(InputError, match="^prompt"):
+            evs.generate(m, prompt, **kw)

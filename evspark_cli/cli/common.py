@@ -27,7 +27,7 @@ def warn(message: str) -> None:
 
 def read_input(inputs: list[str] | None, region: list[str] | None, regions: str | None,
                prompt_tail: int | None, shard: str | None, strict: bool,
-               literal: str | None = None, iupac: str = "keep",
+               literal: str | list[str] | None = None, iupac: str = "keep",
                cap: LengthCap | None = None) -> Prompts:
     """The run's prompts (io/prompts.py), with their warnings printed; `iupac` and `cap` as
     for io/fasta.read_prompts."""

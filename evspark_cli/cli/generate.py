@@ -74,7 +74,7 @@ def generate(
     inputs: Optional[List[str]] = InputsArg,
     region: Optional[List[str]] = RegionOpt,
     regions: Optional[str] = RegionsOpt,
-    prompt: Optional[str] = PromptOpt,
+    prompt: Optional[List[str]] = PromptOpt,  # a list, so a repeated --prompt is refused
     prompt_tail: Optional[int] = TailOpt,
     shard: Optional[str] = ShardOpt,
     strict: bool = StrictOpt,
@@ -113,9 +113,10 @@ def generate(
     t0 = time.monotonic()
     for path in (output, stats):
         check_output_path(path)
-    check_distinct_outputs(inputs, [("--output", output), ("--stats", stats)])
+    check_distinct_outputs(inputs, [("--output", "-" if output is None else output),
+                                    ("--stats", stats)])
     config = readable_config(model_dir)
-    got = read_input(inputs, region, regions, prompt_tail, shard, strict, literal=prompt,
+    got = read_input(inputs, region, regions, prompt_tail, shard, strict, literal=prompt or None,
                      iupac=iupac, cap=context_cap(config))
     prompts = got.prompts
     # the bar shows before torch is imported (a second or two): a run says what it does at once
@@ -157,13 +158,19 @@ def _decode(scheme: RecordScheme, model: StripedHyena, drafter: Drafter | None,
     from ..generation.plan import plan_batch
     from ..generation.run import GenerationRun
 
+    vocab = model.config.vocab_size
+    records = [Record.of(p, vocab, scheme.output_base(p)) for p in prompts]
+    # the batch size is checked (and against memory) before any output is opened, so a refused
+    # run leaves no .partial; with every job, which a resumed run's fewer jobs only make easier
+    every_job = build_jobs(records, scheme.options)
+    run = GenerationRun(model, drafter, scheme.options, compare_native=compare_native)
+    run.batch_size = plan_batch(model, every_job, scheme.options, drafter, batch_size, max_memory)
     outputs = open_outputs(scheme, prompts, output, stats, line_width, resume)
     with closing(outputs):
-        vocab = model.config.vocab_size
-        records = [Record.of(p, vocab, scheme.output_base(p)) for p in prompts]
         jobs = build_jobs(records, scheme.options, skip=outputs.done_ids)
-        run = GenerationRun(model, drafter, scheme.options, compare_native=compare_native)
-        run.batch_size = plan_batch(model, jobs, scheme.options, drafter, batch_size, max_memory)
+        if len(jobs) < len(every_job):  # resumed: planned again for the rows still to decode
+            run.batch_size = plan_batch(model, jobs, scheme.options, drafter, batch_size,
+                                        max_memory)
         wanted = min(default_batch_size(model.device), len(jobs))
         if batch_size is None and run.batch_size < wanted:
             warn(f"batch size lowered to {run.batch_size} (from {wanted}) to fit in memory")

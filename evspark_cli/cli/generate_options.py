@@ -9,8 +9,8 @@ from .options import INPUT_PANEL, OUTPUT_PANEL, SAMPLING_PANEL, SPECULATION_PANE
 InputsArg = typer.Argument(None, metavar="INPUT", show_default=False,
                            help="FASTA files (plain, gzip, BGZF); '-' reads FASTA from stdin.")
 PromptOpt = option(None, "--prompt", panel=INPUT_PANEL,
-                   help="One literal prompt (ACGT...) instead of INPUT; its id is 'prompt', so "
-                   "its output is 'prompt.cont'.")
+                   help="One literal prompt (ACGT...) instead of INPUT (given once); its id "
+                   "is 'prompt', so its output is 'prompt.cont'.")
 
 MaxNewTokensOpt = option(1024, "-n", "--max-new-tokens", help="Tokens per record.",
                          panel=SAMPLING_PANEL)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -100,7 +100,7 @@ class BatchDecoder:
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
         """Yield each job's outcome as it finishes (completion order, not input order)."""
         queue = _Peekable(iter(jobs))
-        done, _ = self._fill(queue, free=list(range(self.batch_size)))
+        done, _ = self._fill(queue, free=range(self.batch_size))  # not a list: any batch size
         yield from done
         while self.rows:
             done, finished = self._round()
@@ -223,10 +223,11 @@ class BatchDecoder:
             self._remove(slot)
         return failed
 
-    def _fill(self, queue: "_Peekable", free: list[int]) -> tuple[list[Outcome], list[int]]:
+    def _fill(self, queue: "_Peekable", free: Sequence[int]
+              ) -> tuple[list[Outcome], Sequence[int]]:
         """Put queued jobs into the `free` slots (a new batch when there is none): the outcomes
         of jobs whose prefill failed, and the slots left free."""
-        joins: list[tuple[list[int], list[Job], Prefilled, float]] = []
+        joins: list[tuple[Sequence[int], list[Job], Prefilled, float]] = []
         failed: list[Outcome] = []
         while free and queue.peek() is not None:
             first = queue.next()
@@ -258,7 +259,7 @@ class BatchDecoder:
         self._shared = ((job.rng.record, job.prompt), pre)
         return pre
 
-    def _join(self, joins: list[tuple[list[int], list[Job], Prefilled, float]]) -> None:
+    def _join(self, joins: list[tuple[Sequence[int], list[Job], Prefilled, float]]) -> None:
         """Rows for each group of jobs (one prompt's samples) forked from its prefill into its
         slots: a new batch at the start, else in place of finished rows."""
         states, rows, contexts, slots = [], [], [], []

@@ -19,6 +19,7 @@ from ..decode.sampling import SamplerConfig
 from ..errors import InputError, SettingError, printable
 from ..generation.jobs import Record, build_jobs
 from ..generation.options import DecodeOptions
+from ..generation.plan import plan_batch
 from ..io.types import Prompt
 from ..model.model import StripedHyena
 from .compare import compare_greedy, default_tie_tolerance, side_by_side
@@ -128,7 +129,8 @@ def _verify_batched(model: StripedHyena, jobs: list[Job], drafter: Drafter,
     natives = [decode_native(model, list(j.prompt), j.max_new_tokens, GREEDY, j.rng, j.label,
                              track_margins=True) for j in jobs]
     t0 = time.perf_counter()
-    dec = BatchDecoder(model, GREEDY, drafter, opts.gamma, batch_size, opts.rollback)
+    rows_at_once = plan_batch(model, jobs, opts, drafter, batch_size)  # clamped, checked
+    dec = BatchDecoder(model, GREEDY, drafter, opts.gamma, rows_at_once, opts.rollback)
     spec: dict[int, DecodeResult] = {}
     for o in dec.run(jobs):
         if o.error is not None:

@@ -10,12 +10,14 @@ order, sharding or batch size. The Python API may key a list of prompts by posit
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+import operator
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..decode.drafters.base import RngKey
 from ..decode.jobs import Job
 from ..errors import InputError
+from ..io.fasta import clean
 from ..io.types import Prompt
 from ..model.tokenizer import tokenize
 from .options import DecodeOptions
@@ -27,14 +29,39 @@ def record_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:7], "big")
 
 
-def prompt_ids(prompt: str | Sequence[int], vocab: int) -> tuple[int, ...]:
-    """A prompt (letters or token ids) as token ids inside a vocabulary of `vocab`."""
-    ids = tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+_KINDS = "a string of bases or a sequence of token ids"
+
+
+def prompt_ids(prompt: str | Sequence[int], vocab: int, what: str = "prompt") -> tuple[int, ...]:
+    """A prompt as token ids inside a vocabulary of `vocab`, checked as the command line checks
+    a `--prompt`: letters are IUPAC nucleotide codes in any case (surrounding whitespace
+    dropped), upper-cased, U read as T, ambiguity codes kept (io/fasta.clean, policy "keep");
+    or a sequence of integer token ids, used as they are. Anything else, an empty prompt, a
+    letter outside the alphabet or an id outside the vocabulary is an InputError naming
+    `what` (and the 1-based position)."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise InputError(f"{what}: empty sequence")
+        ids = tokenize(clean(prompt.strip(), what))
+    elif prompt is None or isinstance(prompt, (Mapping, set, frozenset, bytes, bytearray)) \
+            or not isinstance(prompt, Iterable):
+        raise InputError(f"{what} must be {_KINDS}, got {type(prompt).__name__}")
+    else:
+        ids = []
+        for i, t in enumerate(prompt, 1):
+            try:
+                if isinstance(t, bool):
+                    raise TypeError
+                ids.append(operator.index(t))
+            except TypeError:
+                raise InputError(f"{what}: token {i} is not an integer token id "
+                                 f"({type(t).__name__}); a prompt is {_KINDS}") from None
     if not ids:
-        raise InputError("empty prompt")
+        raise InputError(f"{what}: empty sequence")
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
-        raise InputError(f"prompt token {bad} is outside the model's vocabulary 0..{vocab - 1}")
+        raise InputError(f"{what}: token {bad} is outside the model's vocabulary "
+                         f"0..{vocab - 1}")
     return tuple(ids)
 
 
@@ -50,14 +77,41 @@ class Record:
 
     @classmethod
     def named(cls, id: str, sequence: str | Sequence[int], vocab: int) -> Record:
-        """A sequence keyed by its name, as the command line keys a record."""
-        return cls(id, prompt_ids(sequence, vocab), record_key(id))
+        """A sequence (checked by `prompt_ids`) keyed by its name, as the command line keys a
+        record."""
+        if not isinstance(id, str) or not id:
+            raise InputError(f"a prompt's id must be a non-empty string, got {id!r}")
+        return cls(id, prompt_ids(sequence, vocab, f"prompt {id!r}"), record_key(id))
+
+    @classmethod
+    def listed(cls, prompts: str | Sequence[str | Sequence[int]]
+               | Mapping[str, str | Sequence[int]], vocab: int) -> list[Record]:
+        """The Python API's prompts (`generate_many`): a {record id: sequence} mapping, keyed
+        by record id; or a list, prompt i keyed by its index (id `prompt{i}`). A string is one
+        prompt, not a list of one-letter prompts. Each sequence is checked by `prompt_ids`."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if isinstance(prompts, Mapping):
+            return [cls.named(rid, p, vocab) for rid, p in prompts.items()]
+        if prompts is None or isinstance(prompts, (set, frozenset, bytes, bytearray)) \
+                or not isinstance(prompts, Iterable):
+            raise InputError("prompts must be a list of prompts (each a string of bases or a "
+                             "sequence of token ids) or a {record id: prompt} mapping, got "
+                             f"{type(prompts).__name__}")
+        out: list[Record] = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, int):
+                raise InputError(f"prompts[{i}] must be {_KINDS}, got int (a list of token ids "
+                                 "is one prompt: pass [ids])")
+            out.append(cls(f"prompt{i}", prompt_ids(p, vocab, f"prompts[{i}]"), i))
+        return out
 
     @classmethod
     def of(cls, prompt: Prompt, vocab: int, id: str | None = None) -> Record:
         """A prompt read from an input, keyed by its `random_key`; `id` names its outputs
         (default: the prompt's id)."""
-        return cls(prompt.id if id is None else id, prompt_ids(prompt.seq, vocab),
+        return cls(prompt.id if id is None else id,
+                   prompt_ids(prompt.seq, vocab, f"record {prompt.id!r}"),
                    record_key(prompt.random_key), prompt)
 
 

@@ -18,7 +18,7 @@ import hashlib
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from ..alphabet import IUPAC as _IUPAC_LETTERS
@@ -312,10 +312,14 @@ def _memory(path: str, wanted: set[str]) -> MemorySource:
 def _read_regions(
     inputs: list[str], regions: list[str], tail: int | None, index_dir: str | None,
     iupac: str = "keep", cap: LengthCap | None = None,
+    labels: Sequence[str | None] | None = None,
 ) -> list[Prompt]:
     """Extract the regions, in the order given, looking each record up across all inputs; with
-    a tail, only the tail of each region is fetched."""
+    a tail, only the tail of each region is fetched. `labels[i]`, when not None, names region
+    i in messages instead of `region 'TEXT'` (a BED file's line)."""
     texts = list(regions)
+    names = list(labels or [])
+    names += [None] * (len(texts) - len(names))
     for t in texts:
         if not isinstance(t, str) or not t or any(c.isspace() for c in t):
             raise fail(f"malformed region {t!r}: expected ID, ID:START-END or ID:START "
@@ -332,13 +336,14 @@ def _read_regions(
                 owner[rid] = src
         prompts: list[Prompt] = []
         given: set[str] = set()
-        for text in texts:
+        for text, label in zip(texts, names):
+            called = label or f"region {text!r}"
             region = resolve_region(text, owner.__contains__)
             src = owner.get(region.name)
             if src is None:
                 more = f" (+{len(inputs) - 3} more)" if len(inputs) > 3 else ""
                 shown = ", ".join(inputs[:3]) + more
-                raise fail(f"region {text!r}: no record {region.name!r} in {shown}")
+                raise fail(f"{called}: no record {region.name!r} in {shown}")
             length = src.length(region.name)
             if length == 0:
                 raise fail(f"record {region.name!r} in {src.path} is empty (no sequence)")
@@ -351,12 +356,13 @@ def _read_regions(
                 if start > length or end > length:
                     bad = max(start, end)
                     raise fail(
-                        f"region {text!r}: position {bad} is past the end of record "
+                        f"{called}: position {bad} is past the end of record "
                         f"{region.name!r} ({length} bp) in {src.path}"
                     )
                 rid = f"{region.name}:{start}-{end}"
             if rid in given:
-                raise fail(f"region {rid!r} is given more than once")
+                where = f"{label}: " if label else ""
+                raise fail(f"{where}region {rid!r} is given more than once")
             given.add(rid)
             what = f"record {region.name!r} in {src.path}"
             if rid != region.name:
@@ -404,6 +410,7 @@ def read_prompts(
     iupac: str = "keep",
     cap: LengthCap | None = None,
     keep_empty: bool = False,
+    region_labels: Sequence[str | None] | None = None,
 ) -> list[Prompt]:
     """Read, validate and upper-case every record of every input (or only `regions`).
 
@@ -414,7 +421,8 @@ def read_prompts(
     (alphabet.py) says what the other ambiguity codes become. `shard` ("I/N") keeps every N-th
     prompt from the I-th (io/shard.py). An empty record is an error, or with `keep_empty` a
     prompt with no bases (io/prompts.py skips them with a warning); io/regions.py has the
-    region grammar. Raises InputError with a one-line message.
+    region grammar. `region_labels[i]`, when given and not None, names region i in messages
+    (`regions.bed line 3`). Raises InputError with a one-line message.
     """
     tail = check_tail(prompt_tail)
     check_iupac(iupac)
@@ -423,8 +431,8 @@ def read_prompts(
     _check_inputs(inputs)
     if regions:
         index = None if index_dir is None else os.fspath(index_dir)
-        return select_shard(_read_regions(inputs, list(regions), tail, index, iupac, cap),
-                            shard_t)
+        return select_shard(_read_regions(inputs, list(regions), tail, index, iupac, cap,
+                                          region_labels), shard_t)
     prompts: list[Prompt] = []
     seen: dict[str, str] = {}
     for path in inputs:

@@ -54,14 +54,17 @@ def literal_prompt(seq: str, prompt_tail: int | None = None, iupac: str = "keep"
 
 
 def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = None,
-                 bed: str | None = None, literal: str | None = None,
+                 bed: str | None = None, literal: str | Sequence[str] | None = None,
                  prompt_tail: int | None = None, shard: str | None = None,
                  strict: bool = False, index_dir: str | None = None, iupac: str = "keep",
                  cap: LengthCap | None = None) -> Prompts:
     """Every prompt of a run, in order: the `regions` then the BED file's regions when either
     is given, else every record; or the `literal` sequence alone. See the module docstring for
-    warnings, empty records and `strict`; `iupac` and `cap` as for `fasta.read_prompts`."""
+    warnings, empty records and `strict`; `iupac` and `cap` as for `fasta.read_prompts`.
+    `literal` may be a list of what a repeated option gave: more than one is refused (none
+    would be silently dropped)."""
     inputs = list(inputs or [])
+    literal = _one_literal(literal)
     if literal is not None:
         if inputs or regions or bed:
             raise SettingError("{0} takes the place of INPUT, {1} and {2}; give one or the "
@@ -75,8 +78,9 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
     beds = read_bed(bed) if bed is not None else []
     wanted = list(regions or []) + [b.region for b in beds]
     if wanted:
+        labels = [None] * (len(wanted) - len(beds)) + [b.where for b in beds]
         got = read_prompts(inputs, wanted, prompt_tail, index_dir=index_dir, iupac=iupac,
-                           cap=cap)
+                           cap=cap, region_labels=labels)
         n_plain = len(wanted) - len(beds)
         got = got[:n_plain] + name_bed_prompts(got[n_plain:], beds)
         _unique(got)
@@ -98,6 +102,17 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
         out.warnings.append(f"skipped {_plural(len(empty), 'empty record')} ({_ids(empty)}); "
                             "--strict makes this an error")
     return _checked(out, shard)
+
+
+def _one_literal(literal: str | Sequence[str] | None) -> str | None:
+    """The literal sequence, when the option that gives it was given at most once."""
+    if literal is None or isinstance(literal, str):
+        return literal
+    given = list(literal)
+    if len(given) > 1:
+        raise SettingError(f"{{0}} is given {len(given)} times; it takes one sequence (put "
+                           "several prompts in a FASTA file)", "literal")
+    return given[0] if given else None
 
 
 def _unique(prompts: list[Prompt]) -> None:

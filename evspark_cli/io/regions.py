@@ -14,7 +14,10 @@ genome browser or a samtools command means the same thing here:
 
 BED files are 0-based and half-open: line `chr1 1000 2000` is `chr1:1001-2000`. The name
 column, when present (and not "."), becomes the prompt's id; the random key stays the region
-(`Prompt.key`), so a named BED line continues exactly like the same `--region`.
+(`Prompt.key`), so a named BED line continues exactly like the same `--region`. Header lines are
+those starting with `#` or whose first word is exactly `track` or `browser` (a contig named
+`track1` is a region); coordinates are plain decimal digits (no sign, spaces, commas, `_` or
+exponent), and an error names the file and line (`regions.bed line 3: ...`).
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ LITERAL_ID = "prompt"
 _NUMBER = r"[0-9][0-9,]*"
 _COORDS = re.compile(
     rf"^(?:(?P<start>{_NUMBER})(?:-(?P<end>{_NUMBER})?)?|-(?P<only_end>{_NUMBER}))$")
-_BED_SKIP = ("#", "track", "browser")
+_BED_HEADERS = ("track", "browser")  # first words of header lines (and "#...")
+_BED_COORD = re.compile(r"[0-9]+|-[1-9][0-9]*")  # a sign only to say "start >= 0" of a negative one
 _USAGE = "expected ID, ID:START-END, ID:START or {ID} (1-based, inclusive; e.g. chr1:1,000-2,000)"
 _REGION = re.compile(r"^(?P<name>.+):(?P<start>[0-9][0-9,]*)(?:-(?P<end>[0-9][0-9,]*)?)?$")
 
@@ -48,7 +52,7 @@ class BedRegion:
     region: str  # "{chrom}:START-END": braces keep a chrom with ':' in it one name
     canonical: str  # "chrom:START-END", the prompt's random key
     name: str | None
-    where: str  # "file.bed:12", for messages
+    where: str  # "file.bed line 12", for messages
 
 
 def _fail(message: str) -> InputError:
@@ -185,19 +189,20 @@ def read_bed(path: str) -> list[BedRegion]:
     `browser`, comment and blank lines skipped)."""
     out: list[BedRegion] = []
     for lineno, line in _bed_lines(path):
-        where = f"{path}:{lineno}"
-        if not line.strip() or line.startswith(_BED_SKIP):
+        where = f"{path} line {lineno}"
+        line = line.rstrip()  # trailing spaces or tabs end a line; they are no column
+        if not line.strip() or line.startswith("#") or line.split()[0] in _BED_HEADERS:
             continue
         cols = line.split("\t") if "\t" in line else line.split()
         if len(cols) < 3:
             raise _fail(f"{where}: a BED line needs at least 3 columns (chrom, start, end), "
                         f"got {len(cols)}")
         chrom = cols[0].strip()
-        try:
-            start0, end = int(cols[1]), int(cols[2])
-        except ValueError:
-            raise _fail(f"{where}: start and end must be integers, got {cols[1]!r} and "
-                        f"{cols[2]!r}") from None
+        # int() would also take ' 5', '+5', '1_0' and other scripts' digits: BED has digits
+        if not (_BED_COORD.fullmatch(cols[1]) and _BED_COORD.fullmatch(cols[2])):
+            raise _fail(f"{where}: start and end must be integers (digits only), got "
+                        f"{cols[1]!r} and {cols[2]!r}")
+        start0, end = int(cols[1]), int(cols[2])
         if not chrom or any(c.isspace() for c in chrom):
             raise _fail(f"{where}: empty or malformed chromosome name {chrom!r}")
         if start0 < 0 or end <= start0:

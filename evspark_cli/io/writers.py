@@ -87,7 +87,13 @@ def check_distinct_outputs(inputs: Sequence[str] | None,
                            outputs: Sequence[tuple[str, str | None]]) -> None:
     """Outputs (option, path), each written through `PATH.partial`, must not be an input (it
     would be overwritten) nor each other, nor another's `.partial`: compared by file identity
-    (files.py), so another path to the same file is caught too."""
+    (files.py), so another path to the same file is caught too. Nor may two be standard output
+    (path '-': pass '-' for an output that goes there by default), which would interleave
+    them."""
+    on_stdout = [opt for opt, path in outputs if path == "-"]
+    if len(on_stdout) > 1:
+        raise InputError(f"{' and '.join(on_stdout)} would both write to standard output "
+                         "(interleaved); give all but one of them a file")
     check_distinct(inputs, [Output(opt, path, (PARTIAL_SUFFIX,)) for opt, path in outputs])
 
 
