@@ -25,8 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evspark_cli.errors import InputError
-from evspark_cli.io.fasta import IUPAC, read_prompts
+from evspark_cli.io.fasta import read_prompts
 from evspark_cli.io.regions import parse_region
+from evspark_cli.io.sequences import IUPAC
 from evspark_cli.io.types import Prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..decode.drafters.base import RngKey
 from ..decode.jobs import Job
 from ..errors import InputError
-from ..io.fasta import clean
+from ..io.sequences import clean
 from ..io.types import Prompt
 from ..model.tokenizer import tokenize
 from .options import DecodeOptions

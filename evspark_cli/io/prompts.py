@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import InputError, SettingError
-from .fasta import clean, read_prompts, record_key
+from .fasta import read_prompts
 from .regions import LITERAL_ID, name_bed_prompts, read_bed
+from .sequences import clean, iupac_key
 from .shard import parse_shard, select_shard
 from .streams import fail_setting
 from .types import LengthCap, Prompt
@@ -47,7 +48,7 @@ def literal_prompt(seq: str, prompt_tail: int | None = None, iupac: str = "keep"
     if not isinstance(seq, str) or not seq.strip():
         raise SettingError("{0}: empty sequence", "literal")
     raw = seq.strip()
-    bases = clean(raw, "--prompt", 0, iupac, record_key(LITERAL_ID))
+    bases = clean(raw, "--prompt", 0, iupac, iupac_key(LITERAL_ID))
     kept = bases[-prompt_tail:] if prompt_tail else bases
     span = (LITERAL_ID, len(bases) - len(kept) + 1, len(bases)) if len(kept) < len(bases) else None
     return Prompt(LITERAL_ID, "", kept, "--prompt", span=span, soft_masked=not raw.isupper())
