@@ -5,7 +5,7 @@ The cases live in the test file of their concern (FASTA input in test_io_fasta.p
 each records its row (`record`, or through `refused`, `worked`, `bounded`, `check_bad_input`)
 with the test that ran it. `EVSPARK_UPDATE_RELIABILITY=1 pytest tests/` (or any of the files the
 table's last column names) rewrites the rows of the cases that ran from their actual results and
-keeps the others, in place; conftest.py writes the file when the session ends.
+keeps the others, in place; conftest.py writes the file when the test run ends.
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def _case_of(row: str) -> str:
 
 
 def write_recorded() -> None:
-    """Put the rows recorded in this session into RELIABILITY.md: a case already in its table
+    """Put the rows recorded in this test run into RELIABILITY.md: a case already in its table
     is rewritten in place, a new case is appended, the cases that did not run are kept."""
     for name, rows in _ROWS.items():
         title, intro, header = SECTIONS[name]

@@ -56,6 +56,11 @@ def prompt_ids(prompt: str | Sequence[int], vocab: int, what: str = "prompt") ->
             except TypeError:
                 raise InputError(f"{what}: token {i} is not an integer token id "
                                  f"({type(t).__name__}); a prompt is {_KINDS}") from None
+    return _in_vocabulary(ids, vocab, what)
+
+
+def _in_vocabulary(ids: Sequence[int], vocab: int, what: str) -> tuple[int, ...]:
+    """`ids`, refused when empty or when an id is outside a vocabulary of `vocab`."""
     if not ids:
         raise InputError(f"{what}: empty sequence")
     bad = next((t for t in ids if not 0 <= t < vocab), None)
@@ -109,9 +114,10 @@ class Record:
     @classmethod
     def of(cls, prompt: Prompt, vocab: int, id: str | None = None) -> Record:
         """A prompt read from an input, keyed by its `random_key`; `id` names its outputs
-        (default: the prompt's id)."""
+        (default: the prompt's id). Its bases were checked when it was read (io/), so they are
+        only tokenized here."""
         return cls(prompt.id if id is None else id,
-                   prompt_ids(prompt.seq, vocab, f"record {prompt.id!r}"),
+                   _in_vocabulary(tokenize(prompt.seq), vocab, f"record {prompt.id!r}"),
                    record_key(prompt.random_key), prompt)
 
 

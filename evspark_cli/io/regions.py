@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..errors import InputError
-from .streams import fail
+from .streams import fail, open_failure
 from .types import Prompt, Region
 
 __all__ = ["LITERAL_ID", "BedRegion", "parse_region", "candidate_names", "resolve_region",
@@ -172,16 +172,12 @@ def _bed_lines(path: str) -> Iterator[tuple[int, str]]:
         with opener(path, "rt", encoding="utf-8-sig", newline=None) as f:  # type: ignore[operator]
             for lineno, line in enumerate(f, 1):
                 yield lineno, line.rstrip("\n")
-    except FileNotFoundError:
-        raise _fail(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise _fail(f"{path}: is a directory, not a BED file") from None
-    except PermissionError:
-        raise _fail(f"{path}: permission denied") from None
     except UnicodeDecodeError:
         raise _fail(f"{path}: not a text BED file (not UTF-8)") from None
-    except (OSError, EOFError) as e:
-        raise _fail(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    except OSError as e:
+        raise open_failure(path, e, "BED", "read") from None
+    except EOFError as e:  # a truncated gzip stream
+        raise _fail(f"{path}: cannot read ({e})") from None
 
 
 def read_bed(path: str) -> list[BedRegion]:

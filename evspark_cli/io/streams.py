@@ -59,14 +59,20 @@ def open_binary(path: str) -> IO[bytes]:
         raise fail(f"{path}: is a directory, not a FASTA file")
     try:
         return open(path, "rb")  # noqa: SIM115 - closed by the caller
-    except FileNotFoundError:
-        raise fail(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise fail(f"{path}: is a directory, not a FASTA file") from None
-    except PermissionError:
-        raise fail(f"{path}: permission denied") from None
     except OSError as e:
-        raise fail(f"{path}: cannot open ({e.strerror or e})") from None
+        raise open_failure(path, e, "FASTA", "open") from None
+
+
+def open_failure(path: str, e: OSError, kind: str, doing: str) -> InputError:
+    """The one line for an input file that cannot be opened or read (`kind`: "FASTA", "BED";
+    `doing`: "open", "read")."""
+    if isinstance(e, FileNotFoundError):
+        return fail(f"{path}: no such file")
+    if isinstance(e, IsADirectoryError):
+        return fail(f"{path}: is a directory, not a {kind} file")
+    if isinstance(e, PermissionError):
+        return fail(f"{path}: permission denied")
+    return fail(f"{path}: cannot {doing} ({e.strerror or e})")
 
 
 def _sniff(head: bytes, path: str) -> str:
