@@ -66,15 +66,17 @@ def generate(model: StripedHyena, prompt: str | Sequence[int], max_new_tokens: i
              temperature: float = 1.0, top_k: int = 4, top_p: float = 1.0, seed: int = 0,
              rollback: str = "slice", record: int = 0, sample: int = 0,
              record_id: str = "prompt", compare_native: bool = False,
-             force_drafter: bool = False) -> GenerateOutput:
+             force_drafter: bool = False, rule: str = "residual") -> GenerateOutput:
     """Continue `prompt` by `max_new_tokens` tokens; lossless whatever the drafter. `prompt`
     is checked as the command line checks `--prompt`: IUPAC letters in any case, upper-cased
     (U read as T, ambiguity codes kept), or a sequence of integer token ids; anything else is
     an InputError naming the position (generation/jobs.prompt_ids). `record` is the prompt's
     random-number key and `sample` its sample index (the same key gives the same tokens as
-    `generate_many`); `compare_native` also decodes natively and fills the speedup columns."""
+    `generate_many`); `compare_native` also decodes natively and fills the speedup columns.
+    `rule="coupled"` draws tokens by Gumbel-max, so sampled output equals native sampling of the
+    same seed token for token (decode/sampling.py); "residual" is lossless in distribution."""
     options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed,
-                            rollback=rollback)
+                            rollback=rollback, rule=rule)
     rec = Record(record_id, prompt_ids(prompt, model.config.vocab_size), record)
     return _run(model, [rec], options, drafter, force_drafter, 1, None, compare_native,
                 samples=range(sample, sample + 1))[0]
@@ -87,8 +89,8 @@ def generate_many(model: StripedHyena,
                   temperature: float = 1.0, top_k: int = 4, top_p: float = 1.0, seed: int = 0,
                   rollback: str = "slice", force_drafter: bool = False,
                   max_memory: str | int | None = None,
-                  on_round: Callable[[RoundReport], None] | None = None
-                  ) -> list[GenerateOutput]:
+                  on_round: Callable[[RoundReport], None] | None = None,
+                  rule: str = "residual") -> list[GenerateOutput]:
     """Continue every prompt `samples` times, `batch_size` rows at a time (None: the device's
     default, fewer if memory is short): one output per (prompt, sample), in input order.
 
@@ -98,7 +100,7 @@ def generate_many(model: StripedHyena,
     prompt is checked as `generate` checks it (an InputError names `prompts[i]` or the record
     id). Lossless per row whatever the batch size."""
     options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed, samples,
-                            rollback)
+                            rollback, rule)
     records = Record.listed(prompts, model.config.vocab_size)
     return _run(model, records, options, drafter, force_drafter, batch_size, max_memory,
                 on_round=on_round)

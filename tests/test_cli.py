@@ -150,7 +150,7 @@ def test_every_input_form_gives_the_same_continuation(tmp_path, model, recs):
     tail.write_text(records_text({k: v[-20:] for k, v in two.items()}))
     tailed = ok(gen(model, plain, "--prompt-tail", 20, *opts)).out
     assert tailed.count(" prompt_tail=20 ") == 2
-    assert f" prompt=r1:{len(two['r1']) - 19}-{len(two['r1'])}\n" in tailed
+    assert f" prompt=r1:{len(two['r1']) - 19}-{len(two['r1'])} " in tailed
     plain_tail = ok(gen(model, tail, *opts)).out
     assert re.sub(r" prompt=\S+", "", tailed.replace(" prompt_tail=20 ", " prompt_tail=none ")) \
         == re.sub(r" prompt=\S+", "", plain_tail)
@@ -181,7 +181,8 @@ HEADER = re.compile(r"^(?P<id>\S+) evspark model=(?P<model>\S+) drafter=(?P<draf
                     r"top_p=(?P<top_p>\S+) seed=(?P<seed>\d+) "
                     r"include_prompt=(?P<include_prompt>yes|no) prompt_tail=(?P<prompt_tail>\S+) "
                     r"iupac=(?P<iupac>\S+) prompt_sha256=(?P<prompt_sha256>[0-9a-f]{16}) "
-                    r"new_tokens=(?P<new_tokens>\d+) prompt=(?P<prompt>\S+)$")
+                    r"new_tokens=(?P<new_tokens>\d+) prompt=(?P<prompt>\S+) "
+                    r"rule=(?P<rule>residual|coupled)$")
 
 
 def test_fasta_output_header_width_samples_and_prompt(tmp_path, model, recs):

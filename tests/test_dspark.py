@@ -544,23 +544,26 @@ def test_acceptance_is_lossless_when_the_target_puts_mass_on_n(target_dir, genom
 
 
 @pytest.mark.parametrize("sampler", [SamplerConfig(1.0, 4, 1.0), SamplerConfig(0.7, 3, 0.9),
-                                     SamplerConfig(1.0, 1, 1.0), SamplerConfig(1.3, 0, 0.8)],
-                         ids=["evo2", "t0.7-k3-p0.9", "greedy", "t1.3-p0.8"])
+                                     SamplerConfig(1.0, 1, 1.0), SamplerConfig(1.3, 0, 0.8),
+                                     SamplerConfig(1.0, 4, 1.0, "coupled"),
+                                     SamplerConfig(0.7, 0, 0.9, "coupled")],
+                         ids=["evo2", "t0.7-k3-p0.9", "greedy", "t1.3-p0.8", "coupled-evo2",
+                              "coupled-t0.7-p0.9"])
 def test_batched_draws_equal_the_left_to_right_reference(target, sampler):
-    """propose() transforms every Markov conditional in one batch and draws on host floats; it
-    must give exactly the drafts and q of the plain left-to-right loop (one sampler call and one
-    inverse-CDF draw per position), anchors outside the alphabet included."""
+    """propose() transforms every Markov conditional in one batch and draws on host floats (or
+    takes every conditional's Gumbel-max winner in one batch, coupled); it must give exactly the
+    drafts and q of the plain left-to-right loop (one sampler call and one draw per position),
+    anchors outside the alphabet included."""
     from evspark_cli.decode.drafters.base import draw_on_alphabet
-    from evspark_cli.decode.sampling import Purpose
 
     def reference(d: OneRow, state, anchor: int, gamma: int):
         net = d.rows.net
         U = net.base_logits(d.prefix, d.valid, torch.tensor([anchor]), gamma)[0].float()
-        u = d.ctx.rng.u(torch.arange(state.seqlen + 1, state.seqlen + gamma + 1), Purpose.DRAFT)
         drafts, qs, prev = [], [], int(net.lut[anchor])
         for k in range(gamma):
             tok, q = draw_on_alphabet(U[k] + net.markov[k, prev].float(), d.rows.alpha,
-                                      d.ctx.sampler, u[k], d.rows.cfg.vocab_size)
+                                      d.ctx.sampler, d.ctx.rng, state.seqlen + 1 + k,
+                                      d.rows.cfg.vocab_size)
             drafts.append(tok)
             qs.append(q)
             prev = int(net.lut[tok])

@@ -635,7 +635,7 @@ def test_prompt_tail_fixes_the_long_prompt(battery_models: Models, tmp_path: Pat
     r = run_cli(["generate", src, "--model", battery_models.short, *FAST, "-n", 4,
                  "--prompt-tail", 40])
     assert r.code == 0, r.err
-    assert r.out.startswith(">long.cont ") and "new_tokens=4 prompt=long:41-80\n" in r.out
+    assert r.out.startswith(">long.cont ") and "new_tokens=4 prompt=long:41-80 " in r.out
 
 
 # --------------------------------------- odd inputs: BOM, IUPAC and RNA, control characters, ...

@@ -45,6 +45,7 @@ from .options import (
     QuietOpt,
     RegionOpt,
     RegionsOpt,
+    RuleOpt,
     ShardOpt,
     StrictOpt,
     TailOpt,
@@ -90,6 +91,7 @@ def generate(
     samples: int = SamplesOpt,
     drafter: str = DrafterOpt,
     gamma: int = GammaOpt,
+    rule: str = RuleOpt,
     rollback: str = RollbackOpt,
     force_drafter: bool = ForceDrafterOpt,
     compare_native: bool = CompareNativeOpt,
@@ -127,7 +129,7 @@ def generate(
         from ..generation.records import RecordScheme
 
         options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k,
-                                top_p, seed, samples, rollback)
+                                top_p, seed, samples, rollback, rule)
         used = use_threads(threads)
         model, d = model_and_drafter(model_dir, prompts, options, drafter, force_drafter,
                                      device=device, dtype=dtype, cuda_graphs=cuda_graphs,

@@ -51,6 +51,10 @@ GraphsOpt = option(True, "--cuda-graphs/--no-cuda-graphs", help="On a GPU, repla
                    "steps and verification blocks from CUDA graphs (no effect on CPU).",
                    panel=PERFORMANCE_PANEL)
 GammaOpt = option(12, "--gamma", "-g", help="Draft length per round.", panel=SPECULATION_PANEL)
+RuleOpt = option("residual", "--rule", panel=SPECULATION_PANEL,
+                 help="How tokens are drawn: residual (lossless in distribution) or coupled "
+                 "(Gumbel-max: sampled output equals native sampling of the same seed, token for "
+                 "token, whatever the drafter, gamma or batch).")
 QuietOpt = option(False, "--quiet", "-q", help="No progress (neither the bar on a terminal nor "
                   "the timestamped lines in a log); warnings, errors and the summary line stay.",
                   panel=OUTPUT_PANEL)

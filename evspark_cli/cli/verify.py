@@ -1,4 +1,5 @@
-"""`evspark verify`: greedy native vs greedy speculative decoding, token by token (eval/verify.py).
+"""`evspark verify`: native vs speculative decoding, token by token (eval/verify.py): greedy by
+default, sampled under `--rule coupled`.
 
 Exit 0 when no prompt has a non-tie divergence, 1 otherwise.
 """
@@ -27,6 +28,7 @@ from .options import (
     QuietOpt,
     RegionOpt,
     RegionsOpt,
+    RuleOpt,
     ShardOpt,
     StrictOpt,
     TailOpt,
@@ -38,7 +40,35 @@ from .progress import Progress
 EXAMPLE = """Example: check that the bundled drafter is lossless on the first 512 bases after
 each region of a BED file, 256 tokens each, and keep a JSON report:
 
-  evspark verify genome.fa --regions promoters.bed --prompt-tail 512 -n 256 --report v.json"""
+  evspark verify genome.fa --regions promoters.bed --prompt-tail 512 -n 256 --report v.json
+
+and that sampled output (T = 1, top-k 4) equals native sampling of seed 7, token for token:
+
+  evspark verify genome.fa --rule coupled --top-k 4 --seed 7"""
+
+
+DrafterOpt = option("auto", "--drafter", help="Drafter to check (auto, dspark, kmer, identity or "
+                    "a folder).", panel=SPECULATION_PANEL)
+MaxNewTokensOpt = option(256, "-n", "--max-new-tokens", help="Tokens per prompt.",
+                         panel=SAMPLING_PANEL)
+TemperatureOpt = option(1.0, "--temperature", help="Sampling temperature of a sampled check "
+                        "(with --rule coupled).", panel=SAMPLING_PANEL)
+TopKOpt = option(1, "--top-k", help="1 checks greedy decoding; another k (0 = all) checks "
+                 "sampled decoding, which needs --rule coupled.", panel=SAMPLING_PANEL)
+TopPOpt = option(1.0, "--top-p", help="Nucleus of a sampled check.", panel=SAMPLING_PANEL)
+SeedOpt = option(0, "--seed", help="Random seed of a sampled check.", panel=SAMPLING_PANEL)
+RollbackOpt = option("slice", "--rollback", help="slice or replay.", panel=SPECULATION_PANEL)
+ReportOpt = option(None, "--report", help="Write a JSON report here.", panel=OUTPUT_PANEL)
+TieToleranceOpt = option(
+    None, "--tie-tolerance", help="A divergence is a tie when the native top-1/top-2 logit gap "
+    "there (for a sampled check, the gap of the perturbed scores times T) is below this. "
+    "Default: 1e-3 for fp32 weights, 0.1 for bf16 (whose logits a step and a block round "
+    "differently).", panel=OUTPUT_PANEL)
+ForceDrafterOpt = option(False, "--force-drafter", help="Allow a mismatched drafter.",
+                         panel=SPECULATION_PANEL)
+VerifyBatchOpt = option(1, "--batch-size", "-b", help="Decode the prompts speculatively in "
+                        "batches of this many rows, each compared with its own single-stream "
+                        "native run.", panel=PERFORMANCE_PANEL)
 
 
 @command(PROMPT_OPTIONS)
@@ -46,40 +76,35 @@ def verify(
     inputs: Optional[List[str]] = typer.Argument(None, metavar="[INPUT...]", help="FASTA prompts "
                                                  "(default: the bundled example prompts)."),
     model_dir: Optional[str] = ModelOpt,
-    drafter: str = option("auto", "--drafter", help="Drafter to check (auto, dspark, kmer, "
-                          "identity or a folder).", panel=SPECULATION_PANEL),
+    drafter: str = DrafterOpt,
     gamma: int = GammaOpt,
-    max_new_tokens: int = option(256, "-n", "--max-new-tokens", help="Tokens per prompt.",
-                                 panel=SAMPLING_PANEL),
+    max_new_tokens: int = MaxNewTokensOpt,
+    temperature: float = TemperatureOpt,
+    top_k: int = TopKOpt,
+    top_p: float = TopPOpt,
+    seed: int = SeedOpt,
+    rule: str = RuleOpt,
     region: Optional[List[str]] = RegionOpt,
     regions: Optional[str] = RegionsOpt,
     prompt_tail: Optional[int] = TailOpt,
     shard: Optional[str] = ShardOpt,
     strict: bool = StrictOpt,
-    rollback: str = option("slice", "--rollback", help="slice or replay.",
-                           panel=SPECULATION_PANEL),
-    report: Optional[str] = option(None, "--report", help="Write a JSON report here.",
-                                   panel=OUTPUT_PANEL),
-    tie_tolerance: Optional[float] = option(
-        None, "--tie-tolerance", help="A divergence is a tie when the native top-1/top-2 logit "
-        "gap there is below this. Default: 1e-3 for fp32 weights, 0.1 for bf16 (whose logits "
-        "a step and a block round differently).", panel=OUTPUT_PANEL),
+    rollback: str = RollbackOpt,
+    report: Optional[str] = ReportOpt,
+    tie_tolerance: Optional[float] = TieToleranceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     cuda_graphs: bool = GraphsOpt,
     compile_cpu: bool = CompileOpt,
-    force_drafter: bool = option(False, "--force-drafter", help="Allow a mismatched drafter.",
-                                 panel=SPECULATION_PANEL),
-    batch_size: int = option(1, "--batch-size", "-b", help="Decode the prompts speculatively in "
-                             "batches of this many rows, each compared with its own "
-                             "single-stream native run.", panel=PERFORMANCE_PANEL),
+    force_drafter: bool = ForceDrafterOpt,
+    batch_size: int = VerifyBatchOpt,
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
     iupac: str = IupacOpt,
     max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
-    """Greedy native vs greedy speculative decoding, compared token by token (exit 1 on a
-    non-tie divergence)."""
+    """Native vs speculative decoding, compared token by token (exit 1 on a non-tie
+    divergence): greedy, or sampled with --rule coupled."""
     import json
     import time
 
@@ -91,7 +116,8 @@ def verify(
     from ..io.writers import check_distinct_outputs, check_output_path, write_text_atomic
     from ..limits import context_cap, readable_config
 
-    options = VerifyOptions(DecodeOptions(max_new_tokens, gamma, top_k=1, rollback=rollback),
+    options = VerifyOptions(DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed,
+                                          rollback=rollback, rule=rule),
                             tie_tolerance, batch_size)
     if report:
         check_output_path(report)

@@ -1,5 +1,12 @@
-"""The lossless acceptance rule (Leviathan et al. 2023; Chen et al. 2023), greedy and sampled.
+"""The lossless acceptance rules: residual (Leviathan et al. 2023; Chen et al. 2023) and coupled.
 
+Coupled (`accepted_matches`): the target realizes its token y_k at every verified position by
+Gumbel-max with the position's noise (decode/sampling.py); a draft is accepted iff it equals y_k,
+and the round emits y_m at the first mismatch m (y_{γ+1} when all match). Every emitted token is
+native sampling's token at that position, so the output is native's, token for token, for any
+drafts; greedy is its zero-noise case.
+
+Residual:
 One round verifies drafts d_1..d_γ against target sampler distributions p̃_1..p̃_{γ+1}:
 accept d_k iff u_k·q_k(d_k) < p̃_k(d_k) (strict, in fp64), stop at the first rejection m and emit a
 draw from normalize(max(p̃_m − q_m, 0)) (p̃_m when that has no mass), or, if all γ are accepted,
@@ -17,7 +24,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["residual", "decide", "decide_rows"]
+__all__ = ["residual", "decide", "decide_rows", "accepted_matches"]
+
+
+def accepted_matches(targets: Tensor, drafts: Tensor, gammas: list[int]) -> list[int]:
+    """The coupled rule's accepted count per row: the leading drafts that equal the target's
+    realized tokens. targets (B, ≥G), drafts (B, G); row b drafted gammas[b] tokens (entries
+    past them are padding, never accepted)."""
+    B, G = drafts.shape
+    same = drafts == targets[:, :G].to(drafts.device)
+    if gammas.count(G) != B:
+        same &= torch.arange(G, device=drafts.device) < torch.tensor(gammas,
+                                                                       device=drafts.device)[:, None]
+    return same.to(torch.int64).cumprod(dim=-1).sum(dim=-1).tolist()
 
 
 def residual(p: Tensor, q: Tensor) -> Tensor:

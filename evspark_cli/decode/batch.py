@@ -31,11 +31,11 @@ from torch import Tensor
 from ..errors import InputError, RunError
 from ..model.model import StripedHyena
 from ..model.state import InferenceState
-from .acceptance import decide_rows
-from .drafters.base import DraftContext, Drafter, DraftRows
+from .acceptance import accepted_matches, decide_rows
+from .drafters.base import DraftContext, Drafter, DraftRows, Proposal
 from .jobs import DecodeResult, Job, Outcome, RoundReport, largest_draft, row_reserve
 from .prefill import Prefilled, prefill_prompt
-from .sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs
+from .sampling import Purpose, SamplerConfig, coupled_draw, sample_from_probs, sampler_probs
 
 ROLLBACKS = ("slice", "replay")
 
@@ -134,23 +134,15 @@ class BatchDecoder:
         k, V = logits.shape[1:]
         p = sampler_probs(logits.reshape(B * k, V), self.sampler).view(B, k, V)
         pos = state.lengths  # row b's anchor sits at pos[b]; its draft j at pos[b] + j
-        if prop is not None:
-            u_acc = torch.tensor([r.job.rng.floats(range(pos[b] + 1, pos[b] + g + 1),
-                                                   Purpose.ACCEPT) + [1.0] * (G - g)
-                                  for b, (r, g) in enumerate(zip(rows, gammas))],
-                                 dtype=torch.float64)  # padding past a row's drafts: unused
-            n, dist = decide_rows(p, prop.q[:, :G], prop.drafts[:, :G], u_acc, gammas)
-            m = n.tolist()
+        if self.sampler.coupled:
+            m, nxt, gaps = self._coupled(p, pos, prop, gammas)
         else:
-            m, dist = [0] * B, p[:, 0]  # a native step: p̃ itself (drawn from in fp64 below)
+            m, nxt = self._residual(p, pos, prop, gammas)
         bad = self._nonfinite_rows(logits, m, pos)
-        # the bonus token is a plain draw from p̃ (SAMPLE stream); a correction has its own stream
-        u_next = [r.job.rng.float(pos[b] + m[b] + 1, Purpose.SAMPLE if m[b] == g
-                                  else Purpose.RESIDUAL)
-                  for b, (r, g) in enumerate(zip(rows, gammas))]
-        nxt = sample_from_probs(dist, torch.tensor(u_next, dtype=torch.float64,
-                                                   device=dist.device)).tolist()
-        margins = self._margins(logits) if self.track_margins else None
+        margins = None
+        if self.track_margins:  # the native step's tie margin: logit gap, or perturbed-score gap
+            margins = gaps if self.sampler.coupled and not self.sampler.greedy else \
+                self._margins(logits)
         counts = [x + 1 for x in m]
         if snapshot is None:
             self.state = block.commit(counts if prop is not None else 1)
@@ -192,6 +184,46 @@ class BatchDecoder:
         if self.on_round is not None:
             self.on_round(RoundReport(emitted, B, sum(m), sum(gammas)))
         return done, finished
+
+    def _residual(self, p: Tensor, pos: tuple[int, ...], prop: Proposal | None,
+                  gammas: list[int]) -> tuple[list[int], list[int]]:
+        """The residual rule: accepted drafts per row and the next token (a correction drawn
+        from the residual, a bonus or native token drawn from p̃), by inverse-CDF draws."""
+        rows, B = self.rows, p.shape[0]
+        if prop is not None:
+            G = max(gammas)
+            u_acc = torch.tensor([r.job.rng.floats(range(pos[b] + 1, pos[b] + g + 1),
+                                                   Purpose.ACCEPT) + [1.0] * (G - g)
+                                  for b, (r, g) in enumerate(zip(rows, gammas))],
+                                 dtype=torch.float64)  # padding past a row's drafts: unused
+            n, dist = decide_rows(p, prop.q[:, :G], prop.drafts[:, :G], u_acc, gammas)
+            m = n.tolist()
+        else:
+            m, dist = [0] * B, p[:, 0]  # a native step: p̃ itself (drawn from in fp64 below)
+        # the bonus token is a plain draw from p̃ (SAMPLE stream); a correction has its own stream
+        u_next = [r.job.rng.float(pos[b] + m[b] + 1, Purpose.SAMPLE if m[b] == g
+                                  else Purpose.RESIDUAL)
+                  for b, (r, g) in enumerate(zip(rows, gammas))]
+        nxt = sample_from_probs(dist, torch.tensor(u_next, dtype=torch.float64,
+                                                   device=dist.device)).tolist()
+        return m, nxt
+
+    def _coupled(self, p: Tensor, pos: tuple[int, ...], prop: Proposal | None,
+                 gammas: list[int]) -> tuple[list[int], list[int], list[float]]:
+        """The coupled rule: the target's Gumbel-max token at every verified position, the
+        drafts accepted while they equal it, and the target's token at the first mismatch (or
+        after the last draft): native sampling's tokens. Also each row's margin there."""
+        B, k, V = p.shape
+        keys = torch.tensor([r.job.rng.coupled for r in self.rows], dtype=torch.int64)
+        at = torch.tensor(pos, dtype=torch.int64)[:, None] + 1 + torch.arange(k)
+        y, gap = coupled_draw(p.reshape(B * k, V), keys.repeat_interleave(k), at.reshape(-1),
+                              self.sampler)
+        y, gap = y.view(B, k).cpu(), gap.view(B, k)
+        G = max(gammas)
+        m = [0] * B if prop is None else accepted_matches(y, prop.drafts[:, :G], gammas)
+        rows = torch.arange(B)
+        at_m = torch.tensor(m)
+        return m, y[rows, at_m].tolist(), gap[rows, at_m].tolist()
 
     def _nonfinite_rows(self, logits: Tensor, m: list[int], pos: tuple[int, ...]
                         ) -> dict[int, int]:

@@ -1,9 +1,20 @@
-"""The sampler transform and counter-based random numbers.
+"""The sampler transform, the two ways of drawing from it, and counter-based random numbers.
 
 Native decoding and speculative verification both call `sampler_probs`, so the distribution the
 rule is lossless against is, by construction, the one native decoding draws from. Random numbers
 come from a hash of (seed, record, sample, position, purpose), never from a global stream, so a
 run is reproducible and does not depend on batch composition.
+
+A token is drawn from p̃ under one of two rules (`SamplerConfig.rule`):
+
+- `residual`: inverse-CDF with one uniform per position; speculative decoding accepts a draft by
+  the Leviathan/Chen test and draws corrections from the residual. Lossless in distribution.
+- `coupled`: Gumbel-max, token = argmax_v log p̃(v) + g(v), with g(v) a Gumbel number keyed by
+  (seed, record, sample, position, v) (`coupled_noise`). Drafters draft with the same noise, so
+  a draft is accepted iff it equals the token the target realizes there, and speculative output
+  is native sampling of the same seed, token for token, whatever the drafter, draft length or
+  batch (Daliri, Musco and Suresh 2024: drafter-invariant speculative decoding). Greedy is the
+  zero-noise case of both.
 """
 from __future__ import annotations
 
@@ -18,6 +29,7 @@ from torch import Tensor
 from evspark_cli.errors import SettingError
 
 __all__ = [
+    "RULES",
     "SamplerConfig",
     "Purpose",
     "scrub_logits",
@@ -27,9 +39,16 @@ __all__ = [
     "uniform_float",
     "uniform_floats",
     "sample_from_probs",
+    "coupled_key",
+    "coupled_noise",
+    "coupled_scores",
+    "coupled_draw",
 ]
 
 _FP32_MAX = torch.finfo(torch.float32).max
+
+RULES = ("residual", "coupled")
+"""How a token is drawn from p̃ (the module docstring); `residual` is the default."""
 
 
 # --------------------------------------------------------------------------- configuration
@@ -42,11 +61,18 @@ class SamplerConfig:
     temperature: float = 1.0
     top_k: int = 4
     top_p: float = 1.0
+    rule: str = "residual"  # how tokens are drawn from p̃: one of RULES
 
     @property
     def greedy(self) -> bool:
         """top_k == 1 or T == 0 short-circuits to argmax, as in Evo 2."""
         return self.top_k == 1 or self.temperature == 0
+
+    @property
+    def coupled(self) -> bool:
+        """True when tokens are Gumbel-max draws (the coupled rule); greedy is its zero-noise
+        case, so a greedy run is coupled under either rule."""
+        return self.rule == "coupled"
 
     def validate(self) -> None:
         """Reject settings that have no sampling meaning, with a one-line message naming the
@@ -62,6 +88,8 @@ class SamplerConfig:
             raise SettingError.of("top_p", f"must be in (0, 1], got {p!r}")
         # the nucleus is cut in fp32: a smaller top_p is 0 there (or flushed to 0 on a GPU),
         # which would keep no token at all
+        if self.rule not in RULES:
+            raise SettingError.of("rule", f"must be {' or '.join(RULES)}, got {self.rule!r}")
         tiny = torch.finfo(torch.float32).tiny
         if p < tiny:
             raise SettingError.of("top_p", f"must be at least {tiny:.2g} (the smallest "
@@ -152,6 +180,7 @@ class Purpose(IntEnum):
     DRAFT = 1
     ACCEPT = 2
     RESIDUAL = 3
+    COUPLED = 4  # the coupled rule's Gumbel noise, shared by the target and every drafter
 
 
 _MASK64 = (1 << 64) - 1
@@ -281,3 +310,65 @@ def sample_from_probs(probs: Tensor, u: Tensor | float) -> Tensor:
     idx = torch.searchsorted(cdf, target, right=True)
     reach = torch.searchsorted(cdf, total)  # first index with cdf >= total
     return torch.minimum(idx, reach).squeeze(-1)
+
+
+# --------------------------------------------------------------------------- the coupled rule
+
+
+def coupled_key(seed: int, record: int, sample: int) -> int:
+    """The coupled stream's hash of a row's scalar keys, as an int64 (`coupled_noise` absorbs
+    the position and the token)."""
+    return _as_int64(_key_hash(seed, record, sample, int(Purpose.COUPLED)))
+
+
+def coupled_noise(keys: Tensor, positions: Tensor, tokens: Tensor) -> Tensor:
+    """Gumbel numbers g = -log(-log U) in fp64, one per (row, token): row i of `tokens` (N, K)
+    at positions[i] of the row whose `coupled_key` is keys[i].
+
+    U = (top 53 bits + 1/2)·2**-53 lies strictly inside (0, 1), so g is always finite. The
+    number depends only on (seed, record, sample, position, token), so the target and a drafter
+    asking for the same position and token get the same number, in any batch."""
+    if bool((positions < 0).any()):
+        raise ValueError("positions must be >= 0")
+    h = _fmix_tensor(keys.to(torch.int64) + (positions.to(torch.int64) + 1) * _as_int64(_GOLDEN))
+    mixed = _fmix_tensor(h[:, None] + (tokens.to(torch.int64) + 1) * _as_int64(_GOLDEN))
+    u = (_srl(mixed, 11).to(torch.float64) + 0.5) * (2.0**-53)
+    return -torch.log(-torch.log(u))
+
+
+def coupled_scores(probs: Tensor, keys: Tensor, positions: Tensor, candidates: int = 0
+                   ) -> tuple[Tensor, Tensor]:
+    """The perturbed scores log p̃(v) + g(v) of rows `probs` (N, V): (scores (N, K), their
+    token ids (N, K)).
+
+    `candidates` = K > 0 scores only the K most likely tokens of each row, which is exact when a
+    row has at most K tokens of positive probability (top-k sampling: K = top_k); 0 scores all V.
+    A token of zero probability scores -inf and never wins."""
+    p = probs.to(torch.float64)
+    if 0 < candidates < p.shape[-1]:
+        top = torch.topk(p, candidates, dim=-1)
+        p, tokens = top.values, top.indices
+    else:
+        tokens = torch.arange(p.shape[-1], device=p.device).expand(p.shape[0], -1)
+    g = coupled_noise(keys.to(p.device), positions.to(p.device), tokens)
+    return torch.where(p > 0, torch.log(p) + g, -math.inf), tokens
+
+
+def coupled_draw(probs: Tensor, keys: Tensor, positions: Tensor, cfg: SamplerConfig
+                 ) -> tuple[Tensor, Tensor]:
+    """Gumbel-max draws from rows `probs` (N, V) = p̃: (tokens (N,), margins (N,) fp64).
+
+    A margin is the gap between the two best perturbed scores times the temperature, in logit
+    units (inf when one token has all the mass): a perturbation of the logits by e moves it by
+    at most 2e, so a divergence at a margin below the tie tolerance is a floating-point tie, as
+    the top-1/top-2 logit gap classifies greedy ties."""
+    n = probs.shape[0]
+    if cfg.greedy:  # one-hot p̃: no noise can move the argmax
+        return torch.argmax(probs, dim=-1), torch.full((n,), math.inf, dtype=torch.float64)
+    scores, tokens = coupled_scores(probs, keys, positions, cfg.top_k)
+    if scores.shape[-1] == 1:
+        return tokens[:, 0], torch.full((n,), math.inf, dtype=torch.float64)
+    best = torch.topk(scores, 2, dim=-1)
+    gap = (best.values[:, 0] - best.values[:, 1]) * cfg.temperature  # -inf second: inf
+    winner = tokens.gather(-1, best.indices[:, :1]).squeeze(-1)
+    return winner, gap.cpu()

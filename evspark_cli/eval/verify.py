@@ -1,7 +1,12 @@
-"""`evspark verify`: greedy native and greedy speculative decoding, compared token by token.
+"""`evspark verify`: native and speculative decoding, compared token by token.
 
-A divergence where the native top-1/top-2 logit gap is under the tie tolerance is a tie (both
-paths chose within floating-point noise); any other divergence means the engine is not lossless.
+Greedy runs (the default) and sampled runs under the coupled rule promise the same tokens as
+native decoding of the same seed, so both are compared token by token; a sampled run under the
+residual rule is lossless only in distribution and is refused here (the chi-square and TVD
+checks of `evspark bench` and the tests hold it). A divergence where the native margin (the
+top-1/top-2 logit gap; for a coupled sampled run the gap of the perturbed scores, in logit units)
+is under the tie tolerance is a tie (both paths chose within floating-point noise); any other
+divergence means the engine is not lossless.
 """
 from __future__ import annotations
 
@@ -29,8 +34,9 @@ GREEDY = SamplerConfig(1.0, 1, 1.0)
 
 @dataclass(frozen=True)
 class VerifyOptions:
-    """Tokens per prompt, draft length and rollback (`decode`, greedy), and the tie tolerance
-    (None: `default_tie_tolerance` of the model's dtype); checked when built."""
+    """Tokens per prompt, sampler, rule, draft length and rollback (`decode`: greedy, or sampled
+    under the coupled rule), and the tie tolerance (None: `default_tie_tolerance` of the model's
+    dtype); checked when built."""
 
     decode: DecodeOptions
     tie_tolerance: float | None = None
@@ -43,6 +49,12 @@ class VerifyOptions:
         b = self.batch_size
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             raise SettingError.of("batch_size", f"must be an integer >= 1, got {b!r}")
+        sampler = self.decode.sampler
+        if not sampler.greedy and not sampler.coupled:
+            raise SettingError("sampled output is compared token by token only under {0} "
+                               "coupled (residual is lossless in distribution, which `evspark "
+                               "bench` checks); add it, or verify greedy with {1} 1",
+                               "rule", "top_k")
 
 
 @dataclass
@@ -54,6 +66,15 @@ class VerifyResult:
     batch_size: int = 1
     native_s: float = 0.0  # batched runs: all prompts' native time and the speculative batch's
     spec_s: float = 0.0
+    sampler: SamplerConfig = GREEDY
+
+    @property
+    def sampling(self) -> str:
+        """The sampler as the summary names it: greedy, or rule, temperature, top-k and top-p."""
+        c = self.sampler
+        if c.greedy:
+            return "greedy"
+        return f"rule={c.rule} temperature={c.temperature:g} top_k={c.top_k} top_p={c.top_p:g}"
 
     @property
     def ties(self) -> int:
@@ -81,15 +102,18 @@ class VerifyResult:
             ratio = self.native_s / self.spec_s if self.spec_s else 0.0
             batch = (f" batch_size={self.batch_size} native_s={self.native_s:.2f} "
                      f"speculative_s={self.spec_s:.2f} speedup={ratio:.2f}")
-        lines.append(f"drafter={self.drafter} gamma={self.gamma} prompts={len(self.rows)} "
+        lines.append(f"drafter={self.drafter} gamma={self.gamma} {self.sampling} "
+                     f"prompts={len(self.rows)} "
                      f"identical={identical} ties={self.ties} "
                      f"non_tie_divergences={len(self.non_tie_divergences)}{batch}")
         return lines
 
     def report(self) -> dict[str, Any]:
         """The JSON report (`--report`)."""
-        return {"drafter": self.drafter, "gamma": self.gamma,
-                "tie_tolerance": self.tie_tolerance, "batch_size": self.batch_size,
+        c = self.sampler
+        return {"drafter": self.drafter, "gamma": self.gamma, "rule": c.rule,
+                "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p,
+                "greedy": c.greedy, "tie_tolerance": self.tie_tolerance, "batch_size": self.batch_size,
                 "native_s": self.native_s, "speculative_s": self.spec_s, "rows": self.rows}
 
 
@@ -97,7 +121,8 @@ def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Draf
                    options: VerifyOptions,
                    on_prompt: Callable[[dict[str, Any]], None] | None = None,
                    batch_size: int = 1) -> VerifyResult:
-    """Greedy native vs greedy speculative decoding of every prompt, compared token by token.
+    """Native vs speculative decoding of every prompt with the options' sampler, compared token
+    by token.
 
     With `batch_size` > 1 the speculative side decodes all prompts in batches of that many rows
     and each is compared with its own single-stream native run: the batched engine is held to
@@ -113,24 +138,24 @@ def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Draf
         return _verify_batched(model, jobs, drafter, opts, tol, batch_size, on_prompt)
     rows = []
     for p, job in zip(prompts, jobs):
-        for _, _, nat, spec in side_by_side(model, p, opts.max_new_tokens, GREEDY, job.rng,
+        for _, _, nat, spec in side_by_side(model, p, opts.max_new_tokens, opts.sampler, job.rng,
                                             {"d": drafter}, opts.gamma,
                                             lambda _: (opts.rollback,), track_margins=True):
             rows.append(compare_greedy(p.id, nat, spec, tol))
             if on_prompt is not None:
                 on_prompt(rows[-1])
-    return VerifyResult(drafter_name(drafter), opts.gamma, tol, rows)
+    return VerifyResult(drafter_name(drafter), opts.gamma, tol, rows, sampler=opts.sampler)
 
 
 def _verify_batched(model: StripedHyena, jobs: list[Job], drafter: Drafter,
                     opts: DecodeOptions, tol: float, batch_size: int,
                     on_prompt: Callable[[dict[str, Any]], None] | None) -> VerifyResult:
     """Every job natively, one at a time; then all speculatively, `batch_size` rows at once."""
-    natives = [decode_native(model, list(j.prompt), j.max_new_tokens, GREEDY, j.rng, j.label,
-                             track_margins=True) for j in jobs]
+    natives = [decode_native(model, list(j.prompt), j.max_new_tokens, opts.sampler, j.rng,
+                             j.label, track_margins=True) for j in jobs]
     t0 = time.perf_counter()
     rows_at_once = plan_batch(model, jobs, opts, drafter, batch_size)  # clamped, checked
-    dec = BatchDecoder(model, GREEDY, drafter, opts.gamma, rows_at_once, opts.rollback)
+    dec = BatchDecoder(model, opts.sampler, drafter, opts.gamma, rows_at_once, opts.rollback)
     spec: dict[int, DecodeResult] = {}
     for o in dec.run(jobs):
         if o.error is not None:
@@ -146,4 +171,4 @@ def _verify_batched(model: StripedHyena, jobs: list[Job], drafter: Drafter,
         if on_prompt is not None:
             on_prompt(row)
     return VerifyResult(drafter_name(drafter), opts.gamma, tol, rows, batch_size,
-                        sum(n.wall_s for n in natives), spec_s)
+                        sum(n.wall_s for n in natives), spec_s, opts.sampler)

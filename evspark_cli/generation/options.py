@@ -47,6 +47,7 @@ class DecodeOptions:
     seed: int = 0
     samples: int = 1  # continuations per record
     rollback: str = "slice"
+    rule: str = "residual"  # how tokens are drawn from p̃: residual or coupled (decode/sampling.py)
 
     def __post_init__(self) -> None:
         _integer("max_new_tokens", self.max_new_tokens)
@@ -65,7 +66,7 @@ class DecodeOptions:
 
     @property
     def sampler(self) -> SamplerConfig:
-        return SamplerConfig(self.temperature, self.top_k, self.top_p)
+        return SamplerConfig(self.temperature, self.top_k, self.top_p, self.rule)
 
     @property
     def largest_draft(self) -> int:

@@ -17,7 +17,7 @@ from ..decode.jobs import Job
 from ..errors import SettingError
 from ..io.types import Prompt
 from ..io.writers import FastaOutput, StatsOutput, fasta_letters
-from .records import RecordScheme, prompt_hash
+from .records import LATER_WORDS, RecordScheme, prompt_hash
 from .results import STATS_COLUMNS, JobOutcome
 
 
@@ -59,7 +59,7 @@ def open_outputs(scheme: RecordScheme, prompts: Sequence[Prompt], output: str | 
     try:
         want = dict(scheme.settings, new_tokens=str(scheme.options.max_new_tokens))
         fasta.check_resumed(want, {i: {"prompt_sha256": prompt_hash(p.seq)}
-                                   for i, (p, _) in by_id.items()})
+                                   for i, (p, _) in by_id.items()}, LATER_WORDS)
         if stats:
             stat_out = StatsOutput(stats, STATS_COLUMNS, resume=resume)
             stat_out.check_resumed({i: scheme.stats_row(p, s) for i, (p, s) in by_id.items()})

@@ -39,6 +39,11 @@ def prompt_hash(seq: str) -> str:
     return hashlib.sha256(seq.encode("ascii", "replace")).hexdigest()[:16]
 
 
+LATER_WORDS = {"rule": "residual"}
+"""Header words added after the first release (written last), with the value a header without
+one stands for: `--resume` of an older `.partial` reads it so."""
+
+
 @dataclass(frozen=True)
 class RecordScheme:
     """The settings of a generate run, as its output ids, FASTA headers and stats rows record
@@ -61,7 +66,7 @@ class RecordScheme:
                 "seed": str(self.options.seed),
                 "include_prompt": "yes" if self.include_prompt else "no",
                 "prompt_tail": str(self.prompt_tail) if self.prompt_tail else "none",
-                "iupac": self.iupac}
+                "iupac": self.iupac, "rule": sampler.rule}
 
     def output_base(self, prompt: Prompt) -> str:
         """The output id of a prompt's records before any `_s{i}`: `{prompt id}.cont`, or
@@ -74,10 +79,13 @@ class RecordScheme:
         return [job_id(self.output_base(p), s, samples) for p in prompts for s in range(samples)]
 
     def header(self, prompt: Prompt, new_tokens: int) -> str:
-        """A record's FASTA description: `evspark key=value ... new_tokens=N prompt=WHERE`
-        (`prompt=` the prompt's coordinates: ID, or RECORD:START-END)."""
-        words = {**self.settings, "prompt_sha256": prompt_hash(prompt.seq),
-                 "new_tokens": str(new_tokens), "prompt": prompt.coordinates}
+        """A record's FASTA description: `evspark key=value ... new_tokens=N prompt=WHERE
+        rule=RULE` (`prompt=` the prompt's coordinates: ID, or RECORD:START-END). Words added
+        after the first release go last, so a parser of the older headers still reads them."""
+        later = {k: self.settings[k] for k in LATER_WORDS}
+        words = {**{k: v for k, v in self.settings.items() if k not in later},
+                 "prompt_sha256": prompt_hash(prompt.seq),
+                 "new_tokens": str(new_tokens), "prompt": prompt.coordinates, **later}
         return " ".join(["evspark", *(f"{k}={v}" for k, v in words.items())])
 
     def record_text(self, prompt: Prompt, letters: str) -> str:

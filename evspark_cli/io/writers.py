@@ -480,18 +480,20 @@ class FastaOutput(_PartialOutput):
         self._emit(header + "\n" + body, record_id)
 
     def check_resumed(self, want: Mapping[str, str],
-                      records: Mapping[str, Mapping[str, str]] | None = None) -> None:
+                      records: Mapping[str, Mapping[str, str]] | None = None,
+                      absent: Mapping[str, str] | None = None) -> None:
         """Refuse to --resume a FASTA whose finished records were made otherwise (their headers
         record the settings as `evspark key=value ...`): the final file would mix two runs.
 
         `want` holds the settings every header must show; `records`, when given, this run's
         record ids, each with what its own header must show (its prompt's hash): a finished
-        record this run would not write (other inputs, regions, shard or samples) is refused."""
+        record this run would not write (other inputs, regions, shard or samples) is refused.
+        `absent`: what a header without a word stands for (a setting added later)."""
         for rid, desc in self.done_descriptions.items():
             words = desc.split()
             if not words or words[0] != "evspark":
                 raise self._corrupt(f"record '{rid}' has a header evspark did not write")
-            got = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+            got = {**(absent or {}), **dict(w.split("=", 1) for w in words[1:] if "=" in w)}
             # a run-wide setting the header records otherwise is named first: one that also
             # renames records (--include-prompt: .cont/.ext) is not a foreign record
             self._check_settings(rid, got, {k: v for k, v in want.items() if k in got})

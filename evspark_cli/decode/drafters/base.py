@@ -10,6 +10,7 @@ q. A drafter's per-row memory (`DraftRows`) follows the rows of the batch as the
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Generic, Protocol, Sequence, TypeVar
 
@@ -21,6 +22,9 @@ from ...model.state import InferenceState
 from ..sampling import (
     Purpose,
     SamplerConfig,
+    coupled_draw,
+    coupled_key,
+    coupled_noise,
     sample_from_probs,
     sampler_probs,
     uniform,
@@ -47,6 +51,11 @@ class RngKey:
     def floats(self, positions: range | list[int], purpose: Purpose) -> list[float]:
         """The same numbers as `u` for a few positions, as host floats."""
         return uniform_floats(self.seed, self.record, self.sample, positions, int(purpose))
+
+    @property
+    def coupled(self) -> int:
+        """This key's coupled-noise hash (`sampling.coupled_noise`)."""
+        return coupled_key(self.seed, self.record, self.sample)
 
 
 @dataclass
@@ -138,16 +147,45 @@ def pad_proposal(rows: list[tuple[list[int], list[Tensor]]], vocab: int, device
     return Proposal(drafts, q)
 
 
-def draw_on_alphabet(logits: Tensor, alphabet: Tensor, sampler: SamplerConfig, u: Tensor,
-                     vocab: int) -> tuple[int, Tensor]:
-    """Apply the sampler transform to logits over a sorted alphabet and draw one token.
+def alphabet_scores(q: Tensor, alphabet: Tensor, rngs: Sequence[RngKey],
+                    positions: Sequence[int]) -> Tensor:
+    """The coupled rule's perturbed scores log q + g of drafts over a sorted alphabet: q (N, A)
+    holds row i's distribution over the alphabet at positions[i], and g is the noise of the
+    alphabet's token ids there (the same numbers the target's draw uses)."""
+    keys = torch.tensor([r.coupled for r in rngs], dtype=torch.int64)
+    pos = torch.tensor(list(positions), dtype=torch.int64)
+    g = coupled_noise(keys, pos, alphabet.to(torch.int64).expand(len(pos), -1)).to(q.device)
+    q64 = q.to(torch.float64)
+    return torch.where(q64 > 0, torch.log(q64) + g, -math.inf)
+
+
+def draw_on_alphabet(logits: Tensor, alphabet: Tensor, sampler: SamplerConfig, rng: RngKey,
+                     position: int, vocab: int) -> tuple[int, Tensor]:
+    """Apply the sampler transform to logits over a sorted alphabet and draw the draft token of
+    `position` under the sampler's rule (a DRAFT uniform, or the coupled noise of the alphabet's
+    tokens there).
 
     Equal to transforming the full-vocabulary logits with -inf outside the alphabet (the sampler
     keeps the same tokens and breaks ties by the same, increasing, order), but on a 4-vector.
     Returns (token id, q over the full vocabulary).
     """
     q_small = sampler_probs(logits, sampler)
-    i = int(sample_from_probs(q_small, u))
+    if sampler.coupled and not sampler.greedy:
+        i = int(torch.argmax(alphabet_scores(q_small[None], alphabet, [rng], [position])[0]))
+    else:
+        i = int(sample_from_probs(q_small, rng.u(position, Purpose.DRAFT)))
     q = torch.zeros(vocab, dtype=q_small.dtype, device=q_small.device)
     q[alphabet] = q_small
     return int(alphabet[i]), q
+
+
+def draw(probs: Tensor, rngs: Sequence[RngKey], positions: Sequence[int], sampler: SamplerConfig
+         ) -> Tensor:
+    """One token per row of p̃ (N, V), row i at positions[i] of rngs[i], as native decoding
+    draws it under the sampler's rule: a SAMPLE uniform (residual) or Gumbel-max (coupled)."""
+    if sampler.coupled:
+        keys = torch.tensor([r.coupled for r in rngs], dtype=torch.int64)
+        pos = torch.tensor(list(positions), dtype=torch.int64)
+        return coupled_draw(probs, keys, pos, sampler)[0].to(probs.device)
+    u = [r.float(n, Purpose.SAMPLE) for r, n in zip(rngs, positions)]
+    return sample_from_probs(probs, torch.tensor(u, dtype=torch.float64, device=probs.device))

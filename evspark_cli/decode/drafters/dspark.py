@@ -29,7 +29,7 @@ from ...files import read_bounded
 from ...model.model import StripedHyena
 from ...model.state import InferenceState, put_rows, swap_remove
 from ..sampling import Purpose, sampler_probs
-from .base import DraftContext, Proposal
+from .base import DraftContext, Proposal, alphabet_scores
 
 
 @dataclass
@@ -300,12 +300,50 @@ class DSparkRows:
         # every conditional the left-to-right draws can meet, transformed in one batch:
         # Q[r, k, prev] = S(U_rk + B_k[prev]) over the alphabet, prev = anchor's class or a letter
         Q = sampler_probs(U[:, :, None, :] + net.markov[:gamma].float(), self.sampler)
-        cdf = Q.to(torch.float64).cumsum(dim=-1).tolist()  # (n, gamma, V+1, V) on the host
         lut = net.lut.tolist()
-        picks: list[list[int]] = []  # per row: the Markov row of each slot, then the last draw
-        for r, (b, a, pos) in enumerate(zip(rows, anchors, positions)):
+        if self.sampler.coupled and not self.sampler.greedy:
+            picks = self._coupled_picks(Q, rows, [lut[a] for a in anchors], positions)
+        else:
+            picks = self._inverse_cdf_picks(Q, rows, [lut[a] for a in anchors], positions)
+        dev = Q.device
+        sel = torch.tensor([p[:-1] for p in picks], device=dev)  # (n, gamma) Markov rows
+        n = len(rows)
+        q_small = Q[torch.arange(n, device=dev)[:, None], torch.arange(gamma, device=dev), sel]
+        q = q_small.new_zeros(n, gamma, self.cfg.vocab_size)
+        q[..., self.alpha] = q_small  # each draft's exact distribution over the vocabulary
+        drafts = self.alpha[torch.tensor([p[1:] for p in picks], dtype=torch.long, device=dev)]
+        return drafts.cpu(), q
+
+    def _coupled_picks(self, Q: Tensor, rows: list[int], starts: list[int],
+                       positions: list[int]) -> list[list[int]]:
+        """Gumbel-max draws with the target's noise: every conditional's winner in one batch,
+        then each row's walk through its Markov chain on the host."""
+        n, gamma, classes, A = Q.shape
+        rngs = [self.contexts[b].rng for b in rows]
+        at = [pos + 1 + k for pos in positions for k in range(gamma)]
+        scores = alphabet_scores(Q.reshape(n * gamma, classes, A).transpose(0, 1).reshape(-1, A),
+                                 self.alpha, [r for r in rngs for _ in range(gamma)] * classes,
+                                 at * classes)
+        best = scores.view(classes, n, gamma, A).argmax(dim=-1).permute(1, 2, 0).tolist()
+        picks = []
+        for r, prev in enumerate(starts):
+            seq = []
+            for k in range(gamma):
+                seq.append(prev)
+                prev = best[r][k][prev]
+            picks.append(seq + [prev])
+        return picks
+
+    def _inverse_cdf_picks(self, Q: Tensor, rows: list[int], starts: list[int],
+                           positions: list[int]) -> list[list[int]]:
+        """Inverse-CDF draws with DRAFT uniforms, left to right on the host: per row, the Markov
+        row of each slot, then the last draw."""
+        gamma = Q.shape[1]
+        cdf = Q.to(torch.float64).cumsum(dim=-1).tolist()  # (n, gamma, V+1, V) on the host
+        picks: list[list[int]] = []
+        for r, (b, prev, pos) in enumerate(zip(rows, starts, positions)):
             u = self.contexts[b].rng.floats(range(pos + 1, pos + gamma + 1), Purpose.DRAFT)
-            prev, seq = lut[a], []
+            seq = []
             for k, uk in enumerate(u):  # inverse-CDF draws, as sampling.sample_from_probs
                 c = cdf[r][k][prev]
                 target = uk * c[-1]
@@ -315,14 +353,7 @@ class DSparkRows:
                 seq.append(prev)
                 prev = i
             picks.append(seq + [prev])
-        dev = Q.device
-        sel = torch.tensor([p[:-1] for p in picks], device=dev)  # (n, gamma) Markov rows
-        n = len(rows)
-        q_small = Q[torch.arange(n, device=dev)[:, None], torch.arange(gamma, device=dev), sel]
-        q = q_small.new_zeros(n, gamma, self.cfg.vocab_size)
-        q[..., self.alpha] = q_small  # each draft's exact distribution over the vocabulary
-        drafts = self.alpha[torch.tensor([p[1:] for p in picks], dtype=torch.long, device=dev)]
-        return drafts.cpu(), q
+        return picks
 
 
 # ------------------------------------------------------------------------------------ folders

@@ -4,7 +4,9 @@ Every draft is accepted, so a round costs gamma target steps plus one verificati
 gamma+1 tokens: the measured overhead over native decoding is the price of the speculative
 machinery alone. Drafts use the SAMPLE stream at their absolute positions, so a run with this
 drafter reproduces native decoding token for token, sampled runs included. The steps run on the
-whole batch at once; their KV rows are scratch that the verification block overwrites.
+whole batch at once; their KV rows are scratch that the verification block overwrites. Under
+the coupled rule the drafts are the target's own Gumbel-max draws, under the residual rule its
+inverse-CDF draws: native decoding's tokens either way.
 """
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ import torch
 from torch import Tensor
 
 from ...model.state import InferenceState
-from ..sampling import Purpose, sample_from_probs, sampler_probs
-from .base import DraftContext, ListRows, Proposal
+from ..sampling import sampler_probs
+from .base import DraftContext, ListRows, Proposal, draw
 
 
 class IdentityDrafter:
@@ -40,8 +42,7 @@ class IdentityRows(ListRows[DraftContext]):
             logits, _, block = model.extend(state, tok)
             state = block.commit(1)
             qk = sampler_probs(logits[:, -1], sampler)
-            u = [c.rng.floats([n], Purpose.SAMPLE)[0] for c, n in zip(self.items, state.lengths)]
-            tok = sample_from_probs(qk, torch.tensor(u, dtype=torch.float64, device=qk.device))
+            tok = draw(qk, [c.rng for c in self.items], state.lengths, sampler)
             drafts[:, k] = tok.cpu()
             q[:, k] = qk
             tok = tok[:, None]

@@ -15,7 +15,6 @@ from torch import Tensor
 
 from ...alphabet import BASE_IDS
 from ...model.state import InferenceState
-from ..sampling import Purpose
 from .base import DraftContext, ListRows, Proposal, draw_on_alphabet, pad_proposal
 
 _INDEX = {b: i for i, b in enumerate(BASE_IDS)}
@@ -80,9 +79,9 @@ class KmerTable:
               ) -> tuple[list[int], list[Tensor]]:
         hist = self.history + [anchor]
         drafts, qs = [], []
-        u = self.ctx.rng.u(range(position + 1, position + gamma + 1), Purpose.DRAFT)
         for k in range(gamma):
-            tok, q = draw_on_alphabet(self.logits(hist), alphabet, self.ctx.sampler, u[k], vocab)
+            tok, q = draw_on_alphabet(self.logits(hist), alphabet, self.ctx.sampler, self.ctx.rng,
+                                      position + 1 + k, vocab)
             drafts.append(tok)
             qs.append(q)
             hist.append(tok)
