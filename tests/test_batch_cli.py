@@ -18,6 +18,7 @@ from test_cli import gen, ok, records_text, split_fasta  # noqa: E402
 from tiny import phix_genome, run_cli, trained_tiny_dir  # noqa: E402
 
 TIMING = ("wall_s", "tokens_per_s", "native_wall_s", "native_tokens_per_s", "speedup")
+BATCH = ("verified_positions", "efficiency")  # a block is as long as its round's longest draft
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def src(tmp_path_factory) -> Path:
 
 def _stats_without_timings(path: Path) -> list[list[str]]:
     lines = [ln.split("\t") for ln in path.read_text().splitlines()]
-    keep = [i for i, c in enumerate(lines[0]) if c not in TIMING]
+    keep = [i for i, c in enumerate(lines[0]) if c not in TIMING + BATCH]
     return [[row[i] for i in keep] for row in lines]
 
 
@@ -227,10 +228,17 @@ def test_bench_throughput_section(tmp_path, model, src):
             "--throughput-tokens", 12, "--batch-sizes", "1,4", "--batch-size", 2,
             "--threads", 1, "-q", "-o", out])
     res = json.loads((out / "results.json").read_text())["throughput"]
-    assert set(res["modes"]) == {f"{d}/b{b}" for d in ("native", "speculative") for b in (1, 2, 4)}
+    assert set(res["modes"]) == {f"{d}/b{b}{r}" for d in ("native", "speculative")
+                                 for b in (1, 2, 4) for r in ("", "/coupled")}
     assert all(m["tokens"] == 3 * 2 * 12 for m in res["modes"].values())
     assert all(m["jobs_changed_vs_batch_1"] == 0 for m in res["modes"].values()
                if m["batch_size"] > 1)
+    coupled = [m for m in res["modes"].values() if m["rule"] == "coupled"
+               and m["decoder"] == "speculative"]
+    assert len(coupled) == 3 and all(m["jobs_differing_from_native"] == 0 for m in coupled)
+    assert all(0 < m["efficiency"] <= 1 for m in res["modes"].values())
+    assert set(res["summary"]) >= {"b2", "b4", "b2/coupled", "b4/coupled"}
     assert res["headline_batch_size"] == 2
-    assert "## Throughput" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "## Throughput" in report and "| speculative | coupled | 4 |" in report
     assert json.loads(r.out)["throughput_tokens_per_s"]

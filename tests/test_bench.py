@@ -36,7 +36,9 @@ TINY_QUICK = dict(n_prompts=3, new_tokens=24, gamma=4, tvd_prompts=1, tvd_sample
 SPEED_KEYS = {"dspark-seed0/greedy/slice", "dspark-seed0/sampled/slice",
               "dspark-seed0/sampled/replay",
               "kmer/greedy/slice", "kmer/sampled/slice",
-              "identity/greedy/slice", "identity/sampled/slice"}
+              "identity/greedy/slice", "identity/sampled/slice",
+              "dspark-seed0/sampled-coupled/slice", "kmer/sampled-coupled/slice",
+              "identity/sampled-coupled/slice"}
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +111,15 @@ def test_results_json_has_every_section(bench_run, model_dir):
         assert s["tau"] >= 1 and len(s["conditional_acceptance"]) == 4
         assert all(a is None or 0 <= a <= 1 for a in s["conditional_acceptance"])
         assert round(s["pooled_speedup"], 3) == stdout["pooled_speedup"][name]
-        if "/greedy/" in name:
-            non_tie = [r["greedy"] for r in rows
-                       if r["greedy"]["divergence"] is not None and not r["greedy"]["tie"]]
+        assert 0 < s["efficiency"] <= 1  # committed tokens over verified positions
+        key = "greedy" if "/greedy/" in name else "coupled" if "-coupled/" in name else None
+        if key is not None:  # greedy and coupled runs: token by token equal to native
+            non_tie = [r[key] for r in rows
+                       if r[key]["divergence"] is not None and not r[key]["tie"]]
             assert non_tie == [], (name, non_tie)
-            assert all(r["greedy"]["compared"] >= 1 for r in rows)
+            assert all(r[key]["compared"] == 16 for r in rows)
+        else:
+            assert all("coupled" not in r and "greedy" not in r for r in rows)
     # the distilled drafter gets drafts accepted on the target it was distilled from
     assert res["speed"]["dspark-seed0/greedy/slice"]["summary"]["tau"] > 1
 
@@ -160,7 +166,7 @@ def test_report_md_has_the_tables(bench_run):
     for name in SPEED_KEYS:
         line = next(ln for ln in text.splitlines() if ln.startswith(f"| {name} |"))
         assert f"{res['speed'][name]['summary']['pooled_speedup']:.2f}x" in line
-        assert ("0 (ties" in line) == ("/greedy/" in line)
+        assert ("0 (ties" in line) == ("/greedy/" in line or "-coupled/" in line)
     assert "| 1-mer TVD |" in text and "| 3-mer KL |" in text
     assert "| 2 |" in text and "| 4 |" in text
     assert "| 64 |" in text and "| 128 |" in text and "| 1000000 | skipped" in text
@@ -236,7 +242,8 @@ def test_bench_reports_the_prompts_it_ran(phix_model: Path, tmp_path: Path):
 
 
 @pytest.mark.parametrize("opt", [["-n", "0"], ["--n-prompts", "0"], ["-g", "0"],
-                                 ["--gammas", "0,2"], ["--contexts", "-5"], ["--seeds", "-1"]])
+                                 ["--gammas", "0,2"], ["--contexts", "-5"], ["--seeds", "-1"],
+                                 ["--rules", "coupled,gumbel"], ["--rules", ""]])
 def test_bench_values_out_of_range(tmp_path, opt):
     r = run_cli(["bench", "--model", tmp_path / "none", "-o", tmp_path / "out", *opt, "-q"])
     one_line_error(r, 2)

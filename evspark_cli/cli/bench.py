@@ -50,6 +50,9 @@ def bench(
                                             "drafters (default kmer,identity; '' for none)."),
     rollbacks: Optional[str] = typer.Option(None, "--rollbacks", help="Comma list: "
                                             "slice,replay."),
+    rules: Optional[str] = typer.Option(None, "--rules", "--rule", help="Comma list of the "
+                                        "rules sampled runs use: residual,coupled (default "
+                                        "both, side by side)."),
     skip: Optional[str] = typer.Option(None, "--skip", help="Sections to skip: "
                                        "speed,tvd,gamma,context,depth,throughput."),
     gammas: Optional[str] = typer.Option(None, "--gammas", help="Gamma sweep, e.g. "
@@ -85,7 +88,7 @@ def bench(
                        seeds=seeds, context_genome=context_genome, baselines=baselines,
                        rollbacks=rollbacks, skip=skip, gammas=gammas, contexts=contexts,
                        depth=depth, batch_sizes=batch_sizes, batch_size=batch_size,
-                       samples=samples, throughput_tokens=throughput_tokens)
+                       samples=samples, throughput_tokens=throughput_tokens, rules=rules)
     check_output_dir(out)
     _check_bench_files(cfg, out)
     model = load_model(model_dir, device="auto", compile=compile_cpu, max_memory=max_memory)

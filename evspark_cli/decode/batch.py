@@ -163,6 +163,7 @@ class BatchDecoder:
                 continue
             new = fed[b][: m[b]] + [nxt[b]] if fed is not None else [nxt[b]]
             res.tokens.extend(new)
+            res.verified += k
             emitted += len(new)
             r.anchor = nxt[b]
             if margins is not None:

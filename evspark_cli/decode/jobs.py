@@ -20,6 +20,7 @@ class DecodeResult:
     rounds: int = 0
     accepted: list[int] = field(default_factory=list)  # drafts accepted per round
     proposed: list[int] = field(default_factory=list)  # drafts proposed per round
+    verified: int = 0  # positions of the verification blocks this row took part in (padding too)
     draft_s: float = 0.0  # time of the drafting of the rounds this row took part in
     verify_s: float = 0.0  # time of those rounds' verification and commit
     margins: list[float] = field(default_factory=list)  # native top1 - top2 logit gap per token
@@ -36,6 +37,12 @@ class DecodeResult:
     @property
     def acceptance_rate(self) -> float | None:
         return sum(self.accepted) / sum(self.proposed) if sum(self.proposed) else None
+
+    @property
+    def efficiency(self) -> float | None:
+        """Committed tokens over verified positions: the share of the verification compute
+        spent on tokens that were kept (1 for native decoding, whose blocks are one token)."""
+        return len(self.tokens) / self.verified if self.verified else None
 
 
 KV_SLACK = 16

@@ -27,7 +27,7 @@ from ..decode.drafters.registry import bundled_drafter_dir, drafter_name, resolv
 from ..decode.jobs import DecodeResult, row_reserve
 from ..decode.native import decode_native
 from ..decode.prefill import Prefilled, prefill_prompt
-from ..decode.sampling import SamplerConfig
+from ..decode.sampling import RULES, SamplerConfig
 from ..decode.speculative import decode_speculative
 from ..errors import SettingError, at_least
 from ..generation.options import check_gamma
@@ -42,6 +42,14 @@ GREEDY = SamplerConfig(1.0, 1, 1.0)
 SAMPLED = SamplerConfig(1.0, 4, 1.0)
 
 
+def sampled_mode(rule: str) -> tuple[str, SamplerConfig]:
+    """The speed section's name and sampler of sampled decoding (T = 1, top-k 4) under a rule:
+    `sampled` is the residual rule (the name results have always had), `sampled-coupled` the
+    coupled one, whose runs are also compared with native sampling token for token."""
+    return ("sampled" if rule == "residual" else f"sampled-{rule}",
+            SamplerConfig(1.0, 4, 1.0, rule))
+
+
 @dataclass
 class BenchConfig:
     prompts: str
@@ -52,6 +60,7 @@ class BenchConfig:
     seeds: list[int] = field(default_factory=lambda: [0])
     baselines: list[str] = field(default_factory=lambda: ["kmer", "identity"])
     rollback_modes: list[str] = field(default_factory=lambda: ["slice", "replay"])
+    rules: list[str] = field(default_factory=lambda: list(RULES))  # sampled runs under each
     repeats: int = 1
     tie_tolerance: float | None = None  # None: compare.default_tie_tolerance of the model's dtype
     tvd_prompts: int = 4
@@ -89,6 +98,10 @@ class BenchConfig:
         if not self.rollback_modes or set(self.rollback_modes) - set(ROLLBACKS):
             raise SettingError.of("rollback_modes", f"must list slice and/or replay, got "
                                                     f"{','.join(self.rollback_modes)!r}")
+        if not self.rules or set(self.rules) - set(RULES) or len(set(self.rules)) < len(
+                self.rules):
+            raise SettingError.of("rules", f"must list {' and/or '.join(RULES)}, got "
+                                           f"{','.join(self.rules)!r}")
         bad = set(self.skip) - set(SECTIONS)
         if bad:
             raise SettingError.of("skip", f"unknown section(s) {', '.join(sorted(bad))}", ": ")
@@ -131,7 +144,8 @@ def bench_config(preset: str = "quick", prompts: str | None = None, *,
                  gammas: str | None = None, contexts: str | None = None,
                  depth: int | None = None, batch_sizes: str | None = None,
                  batch_size: int | None = None, samples: int | None = None,
-                 throughput_tokens: int | None = None) -> BenchConfig:
+                 throughput_tokens: int | None = None, rules: str | None = None
+                 ) -> BenchConfig:
     """A preset with overrides, as `evspark bench` takes them (comma lists as text), checked.
 
     None keeps the preset's value; `baselines=""` means no baseline drafter.
@@ -154,6 +168,8 @@ def bench_config(preset: str = "quick", prompts: str | None = None, *,
         cfg.baselines = [b for b in baselines.split(",") if b]
     if rollbacks is not None:
         cfg.rollback_modes = [r for r in rollbacks.split(",") if r]
+    if rules is not None:
+        cfg.rules = [r for r in rules.split(",") if r]
     not_ints = SettingError("{0} and {1} take comma-separated integers", "gamma_sweep",
                             "contexts")
     if gammas:
@@ -196,9 +212,11 @@ def _summ(rows: list[dict]) -> dict[str, Any]:
     trials = [sum(x) for x in zip(*[r["position_trials"] for r in rows])]
     accepts = [sum(x) for x in zip(*[r["position_accepts"] for r in rows])]
     tokens = sum(r["tokens"] for r in rows)  # the same jobs on both sides
+    verified = sum(r.get("verified", 0) for r in rows)
     return {"pooled_speedup": speedup(nat, tokens, spec, tokens), "min_speedup": sp[0],
             "median_speedup": sp[len(sp) // 2], "max_speedup": sp[-1],
             "tau": (acc + rounds) / rounds if rounds else None,
+            "efficiency": tokens / verified if verified else None,
             "native_s": nat, "spec_s": spec, "draft_s": sum(r["draft_s"] for r in rows),
             "verify_s": sum(r["verify_s"] for r in rows), "rounds": rounds,
             "native_step_s": nat / sum(r["tokens"] for r in rows),
@@ -218,10 +236,11 @@ def speed_and_greedy(model: StripedHyena, prompts: list[Prompt], drafters: dict[
     tie_tol = cfg.tie_tolerance
     if tie_tol is None:
         tie_tol = default_tie_tolerance(next(model.parameters()).dtype)
-    for mode, sampler in (("greedy", GREEDY), ("sampled", SAMPLED)):
+    for mode, sampler in [("greedy", GREEDY)] + [sampled_mode(r) for r in cfg.rules]:
+        compared = mode == "greedy" or sampler.coupled  # token by token against native
 
         def rollbacks(name: str, mode: str = mode) -> list[str]:
-            # the snapshot-and-replay baseline for the main drafter, on sampled runs
+            # the snapshot-and-replay baseline for the main drafter, on residual sampled runs
             sampled_main = mode == "sampled" and name == first_dspark
             return cfg.rollback_modes if sampled_main else cfg.rollback_modes[:1]
 
@@ -229,15 +248,17 @@ def speed_and_greedy(model: StripedHyena, prompts: list[Prompt], drafters: dict[
             for r in range(cfg.repeats):
                 for dname, rb, nat, spec in side_by_side(
                         model, p, cfg.new_tokens, sampler, RngKey(0, i, r), drafters, cfg.gamma,
-                        rollbacks, track_margins=mode == "greedy"):
+                        rollbacks, track_margins=compared):
                     row = {"prompt": p.id, "repeat": r, "tokens": len(nat.tokens),
                            "native_s": nat.wall_s, "spec_s": spec.wall_s,
                            "rounds": spec.rounds, "accepted": sum(spec.accepted),
                            "draft_s": spec.draft_s, "verify_s": spec.verify_s,
                            "position_trials": spec.position_trials,
-                           "position_accepts": spec.position_accepts, "tau": spec.tau}
-                    if mode == "greedy":
-                        row["greedy"] = compare_greedy(p.id, nat, spec, tie_tol)
+                           "position_accepts": spec.position_accepts, "tau": spec.tau,
+                           "verified": spec.verified}
+                    if compared:  # the key says what was compared: greedy, or coupled sampling
+                        row["greedy" if mode == "greedy" else "coupled"] = compare_greedy(
+                            p.id, nat, spec, tie_tol)
                     rows.setdefault(f"{dname}/{mode}/{rb}", []).append(row)
             log(f"speed {mode} {p.id}: " + ", ".join(
                 f"{n.split('/')[0]}/{n.split('/')[2]} {v[-1]['native_s'] / v[-1]['spec_s']:.2f}x"
@@ -435,7 +456,8 @@ def throughput(model: StripedHyena, drafter: Any, cfg: BenchConfig,
     sizes = sorted(set(cfg.batch_sizes) | {headline, 1})
     prompts = read_prompts([cfg.prompts])[: cfg.throughput_records]
     tcfg = ThroughputConfig(records=len(prompts), samples=cfg.throughput_samples,
-                            new_tokens=cfg.throughput_tokens, batch_sizes=sizes, gamma=cfg.gamma)
+                            new_tokens=cfg.throughput_tokens, batch_sizes=sizes, gamma=cfg.gamma,
+                            rules=list(cfg.rules))
     out = measure_throughput(model, prompts, drafter, tcfg, log)
     out["headline_batch_size"] = headline
     return out

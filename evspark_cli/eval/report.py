@@ -11,23 +11,25 @@ def _f(x: Any, nd: int = 2) -> str:
 
 def speed_table(res: dict[str, Any]) -> list[str]:
     lines = ["| drafter / mode / rollback | pooled speedup | min / median / max | tau | "
-             "verify s per round / native step s | draft s per round / native step s | "
-             "greedy non-tie divergences |",
-             "|---|---|---|---|---|---|---|"]
+             "efficiency | verify s per round / native step s | "
+             "draft s per round / native step s | non-tie divergences from native |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, v in res["speed"].items():
         s = v["summary"]
         step = s["native_step_s"]
         per_round_v = s["verify_s"] / max(s["rounds"], 1) / step
         per_round_d = s["draft_s"] / max(s["rounds"], 1) / step
-        div = "-"
-        if "/greedy/" in name:
-            div = str(sum(1 for r in v["rows"] if r["greedy"]["divergence"] is not None
-                          and not r["greedy"]["tie"]))
-            ties = sum(1 for r in v["rows"] if r["greedy"]["tie"])
+        div = "-"  # residual sampling is checked in distribution (TVD), not token by token
+        key = next((k for k in ("greedy", "coupled") if v["rows"] and k in v["rows"][0]), None)
+        if key is not None:
+            div = str(sum(1 for r in v["rows"] if r[key]["divergence"] is not None
+                          and not r[key]["tie"]))
+            ties = sum(1 for r in v["rows"] if r[key]["tie"])
             div += f" (ties {ties})"
         lines.append(f"| {name} | {_f(s['pooled_speedup'])}x | {_f(s['min_speedup'])} / "
                      f"{_f(s['median_speedup'])} / {_f(s['max_speedup'])} | {_f(s['tau'])} | "
-                     f"{_f(per_round_v)} | {_f(per_round_d)} | {div} |")
+                     f"{_f(s.get('efficiency'))} | {_f(per_round_v)} | {_f(per_round_d)} | "
+                     f"{div} |")
     return lines
 
 
@@ -41,19 +43,27 @@ def throughput_table(t: dict[str, Any]) -> list[str]:
          f"(sampled, T=1, top-k 4, gamma {c['gamma']}); every mode on the same jobs, the modes "
          f"interleaved slice by slice in one process; prefills included. Headline batch "
          f"size: {t.get('headline_batch_size')}.", "",
-         "| decoder | batch | tokens/s | vs single-stream native | vs native at this batch | "
-         "tau | jobs whose tokens differ from batch 1 |",
-         "|---|---|---|---|---|---|---|"]
-    summ = t.get("summary", {})
-    for r in t["modes"].values():
-        ratios = summ.get(f"b{r['batch_size']}", {}) if r["decoder"] == "speculative" else {}
-        base = summ.get("native_single_tokens_per_s")
-        vs_single = (r["tokens_per_s"] / base) if base and r["tokens_per_s"] else None
-        same = ratios.get("vs_native_same_batch")
+         "Ratios are against native decoding under the same rule; under `coupled` every "
+         "speculative job is also compared with native sampling at batch 1.", "",
+         "| decoder | rule | batch | tokens/s | vs single-stream native | "
+         "vs native at this batch | tau | efficiency | jobs whose tokens differ from batch 1 | "
+         "jobs that differ from native |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
+    modes = t["modes"]
+    for r in modes.values():
+        rule = r.get("rule", "residual")
+        suffix = "" if rule == "residual" else f"/{rule}"
+        single = modes.get(f"native/b1{suffix}", {}).get("tokens_per_s")
+        same = modes.get(f"native/b{r['batch_size']}{suffix}", {}).get("tokens_per_s")
+        tps = r["tokens_per_s"]
+        vs_single = tps / single if single and tps else None
+        vs_same = tps / same if same and tps and r["decoder"] == "speculative" else None
         changed = r["jobs_changed_vs_batch_1"]
-        L.append(f"| {r['decoder']} | {r['batch_size']} | {_f(r['tokens_per_s'], 0)} | "
-                 f"{_f(vs_single)}x | {_f(same)}{'x' if same else ''} | {_f(r['tau'])} | "
-                 f"{'-' if changed is None else changed} |")
+        native = r.get("jobs_differing_from_native")
+        L.append(f"| {r['decoder']} | {rule} | {r['batch_size']} | {_f(tps, 0)} | "
+                 f"{_f(vs_single)}x | {_f(vs_same)}{'x' if vs_same else ''} | {_f(r['tau'])} | "
+                 f"{_f(r.get('efficiency'))} | {'-' if changed is None else changed} | "
+                 f"{'-' if native is None else native} |")
     return L
 
 
@@ -182,17 +192,7 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
         paths.append(_save(plt, fig, out / "context.png"))
     modes = (res.get("throughput") or {}).get("modes") or {}
     if modes:
-        fig, ax = plt.subplots(figsize=(5.5, 3.5))
-        for decoder, marker in (("native", "o"), ("speculative", "s")):
-            rows = sorted((r for r in modes.values() if r["decoder"] == decoder),
-                          key=lambda r: r["batch_size"])
-            ax.plot([r["batch_size"] for r in rows], [r["tokens_per_s"] or 0 for r in rows],
-                    marker=marker, label=decoder)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size (rows)")
-        ax.set_ylabel("tokens/s")
-        ax.legend(fontsize=7)
-        paths.append(_save(plt, fig, out / "throughput.png"))
+        paths += _throughput_plots(plt, modes, out)
     depth = res.get("depth_sweep") or {}
     if depth.get("windows"):
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -204,3 +204,28 @@ def _plots(res: dict[str, Any], out: Path) -> list[Path]:
         ax.legend(fontsize=7)
         paths.append(_save(plt, fig, out / "depth.png"))
     return paths
+
+
+def _throughput_plots(plt: Any, modes: dict[str, Any], out: Path) -> list[Path]:
+    """Tokens/s by batch size per decoder and rule, and the speedup over native decoding at the
+    same batch size per rule."""
+    rules = sorted({r.get("rule", "residual") for r in modes.values()})
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    fig2, ax2 = plt.subplots(figsize=(5.5, 3.5))
+    for rule in rules:
+        by = {(r["decoder"], r["batch_size"]): r["tokens_per_s"] or 0 for r in modes.values()
+              if r.get("rule", "residual") == rule}
+        for decoder, marker in (("native", "o"), ("speculative", "s")):
+            sizes = sorted(b for d, b in by if d == decoder)
+            ax.plot(sizes, [by[decoder, b] for b in sizes], marker=marker,
+                    label=f"{decoder} ({rule})")
+        both = sorted(b for d, b in by if d == "speculative" and by.get(("native", b)))
+        ax2.plot(both, [by["speculative", b] / by["native", b] for b in both], marker="s",
+                 label=rule)
+    for a, ylabel in ((ax, "tokens/s"), (ax2, "speedup over native at this batch")):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("batch size (rows)")
+        a.set_ylabel(ylabel)
+        a.legend(fontsize=7)
+    return [_save(plt, fig, out / "throughput.png"),
+            _save(plt, fig2, out / "speedup_by_batch.png")]

@@ -8,12 +8,14 @@ state. Each mode's time is the wall time of its decoder runs, prefills included.
 Besides speed, the section counts how often the batch size changed a token: every job's tokens at
 each batch size against the same job in a batch of one (same seed, so they should be equal; a
 batched product can round a float differently in the last place, which can flip a draw or a
-greedy choice).
+greedy choice). Each rule (`residual`, `coupled`) gets its own modes; under `coupled` every
+speculative job is also compared with the same job sampled natively in a batch of one, which
+it must equal token for token.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..decode.batch import BatchDecoder
@@ -36,22 +38,31 @@ class ThroughputConfig:
     gamma: int = 12
     slices: int = 4  # the workload is cut into this many slices, each run by every mode in turn
     native_single: bool = True  # also single-stream native decoding (the usual baseline)
+    rules: list[str] = field(default_factory=lambda: ["residual"])
 
 
-def _modes(cfg: ThroughputConfig, drafter: Drafter | None) -> list[tuple[str, Drafter | None, int]]:
+def mode_name(decoder: str, batch_size: int, rule: str) -> str:
+    """`native/b8`, `speculative/b8` under the residual rule; `.../coupled` under coupled."""
+    return f"{decoder}/b{batch_size}" + ("" if rule == "residual" else f"/{rule}")
+
+
+def _modes(cfg: ThroughputConfig, drafter: Drafter | None
+           ) -> list[tuple[str, Drafter | None, int, str]]:
     modes = []
-    for b in cfg.batch_sizes:
-        if b > 1 or cfg.native_single:
-            modes.append((f"native/b{b}", None, b))
-        if drafter is not None:
-            modes.append((f"speculative/b{b}", drafter, b))
+    for rule in cfg.rules:
+        for b in cfg.batch_sizes:
+            if b > 1 or cfg.native_single or rule != "residual":
+                modes.append((mode_name("native", b, rule), None, b, rule))
+            if drafter is not None:
+                modes.append((mode_name("speculative", b, rule), drafter, b, rule))
     return modes
 
 
 def measure_throughput(model: StripedHyena, prompts: list[Prompt], drafter: Drafter | None,
                        cfg: ThroughputConfig, log: Callable[[str], None] = lambda m: None,
                        sampler: SamplerConfig = SAMPLED) -> dict[str, Any]:
-    """Tokens/s of every (decoder, batch size) on records x samples jobs, interleaved."""
+    """Tokens/s of every (decoder, batch size, rule) on records x samples jobs, interleaved;
+    `sampler` gives the temperature, top-k and top-p, each rule of `cfg.rules` its rule."""
     options = DecodeOptions(cfg.new_tokens, cfg.gamma, sampler.temperature, sampler.top_k,
                             sampler.top_p, samples=cfg.samples)
     vocab = model.config.vocab_size
@@ -59,16 +70,17 @@ def measure_throughput(model: StripedHyena, prompts: list[Prompt], drafter: Draf
     per_slice = -(-min(cfg.records, len(prompts)) // max(cfg.slices, 1)) * cfg.samples
     slices = [jobs[i: i + per_slice] for i in range(0, len(jobs), per_slice)]
     modes = _modes(cfg, drafter)
-    seconds = {name: 0.0 for name, _, _ in modes}
-    tokens = {name: 0 for name, _, _ in modes}
-    rounds = {name: [0, 0] for name, _, _ in modes}  # committed, rounds (speculative)
-    outputs: dict[str, dict[int, list[int]]] = {name: {} for name, _, _ in modes}
-    failed: dict[str, int] = {name: 0 for name, _, _ in modes}
+    seconds = {name: 0.0 for name, *_ in modes}
+    tokens = {name: 0 for name, *_ in modes}
+    rounds = {name: [0, 0, 0] for name, *_ in modes}  # committed, rounds, verified positions
+    outputs: dict[str, dict[int, list[int]]] = {name: {} for name, *_ in modes}
+    failed: dict[str, int] = {name: 0 for name, *_ in modes}
     for i, part in enumerate(slices):
-        for name, d, b in modes:
+        for name, d, b, rule in modes:
             gamma = cfg.gamma if d is not None else 0
+            ruled = replace(sampler, rule=rule)
             t0 = time.perf_counter()
-            for o in BatchDecoder(model, sampler, d, gamma, batch_size=b).run(part):
+            for o in BatchDecoder(model, ruled, d, gamma, batch_size=b).run(part):
                 if o.result is None:
                     failed[name] += 1
                     continue
@@ -76,37 +88,54 @@ def measure_throughput(model: StripedHyena, prompts: list[Prompt], drafter: Draf
                 tokens[name] += len(o.result.tokens)
                 rounds[name][0] += len(o.result.tokens)
                 rounds[name][1] += o.result.rounds
+                rounds[name][2] += o.result.verified
             seconds[name] += time.perf_counter() - t0
         log(f"throughput slice {i + 1}/{len(slices)}: " + ", ".join(
-            f"{n} {tokens[n] / seconds[n]:.0f} tok/s" for n, _, _ in modes if seconds[n]))
+            f"{n} {tokens[n] / seconds[n]:.0f} tok/s" for n, *_ in modes if seconds[n]))
     rows = {}
-    for name, d, b in modes:
-        single = outputs.get(f"{name.split('/')[0]}/b1")
-        changed = None
-        if single is not None and b > 1:
-            changed = sum(1 for j, t in outputs[name].items() if single.get(j) != t)
-        secs, (committed, n_rounds) = seconds[name], rounds[name]
-        rows[name] = {"decoder": name.split("/")[0], "batch_size": b, "tokens": tokens[name],
-                      "seconds": round(secs, 3),
-                      "tokens_per_s": round(tokens[name] / secs, 1) if secs else None,
-                      "tau": round(committed / n_rounds, 3) if n_rounds else None,
-                      "jobs_changed_vs_batch_1": changed, "failed": failed[name]}
+    for name, d, b, rule in modes:
+        decoder = "speculative" if d is not None else "native"
+        rows[name] = {"decoder": decoder, "batch_size": b, "rule": rule, "tokens": tokens[name],
+                      "seconds": round(seconds[name], 3),
+                      "tokens_per_s": (round(tokens[name] / seconds[name], 1) if seconds[name]
+                                       else None),
+                      "tau": (round(rounds[name][0] / rounds[name][1], 3) if rounds[name][1]
+                              else None),
+                      "efficiency": (round(rounds[name][0] / rounds[name][2], 3)
+                                     if rounds[name][2] else None),
+                      "jobs_changed_vs_batch_1": _changed(outputs, name,
+                                                          mode_name(decoder, 1, rule), b > 1),
+                      "failed": failed[name]}
+        if rule == "coupled" and d is not None:  # coupled: equal to native sampling itself
+            rows[name]["jobs_differing_from_native"] = _changed(
+                outputs, name, mode_name("native", 1, rule), True)
     return {"config": cfg.__dict__ | {"jobs": len(jobs), "sampler": sampler.__dict__},
             "modes": rows, "summary": _summary(rows)}
 
 
+def _changed(outputs: dict[str, dict[int, list[int]]], name: str, against: str,
+             compare: bool) -> int | None:
+    """Jobs of mode `name` whose tokens differ from the same job in mode `against`."""
+    base = outputs.get(against)
+    if base is None or not compare:
+        return None
+    return sum(1 for j, t in outputs[name].items() if base.get(j) != t)
+
+
 def _summary(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Speculative vs single-stream native and vs batched native at the same batch size."""
+    """Speculative vs single-stream native and vs batched native at the same batch size, each
+    against native decoding under the same rule (keys `b8`, and `b8/coupled` under coupled)."""
     base = rows.get("native/b1", {}).get("tokens_per_s")
-    best = max((r for r in rows.values() if r["decoder"] == "speculative" and r["tokens_per_s"]),
-               key=lambda r: r["tokens_per_s"], default=None)
+    best = max((r for r in rows.values() if r["decoder"] == "speculative" and r["tokens_per_s"]
+                and r["rule"] == "residual"), key=lambda r: r["tokens_per_s"], default=None)
     out: dict[str, Any] = {"native_single_tokens_per_s": base}
     for r in rows.values():
         if r["decoder"] != "speculative" or not r["tokens_per_s"]:
             continue
-        nat = rows.get(f"native/b{r['batch_size']}", {}).get("tokens_per_s")
-        out[f"b{r['batch_size']}"] = {
-            "vs_native_single": round(r["tokens_per_s"] / base, 3) if base else None,
+        single = rows.get(mode_name("native", 1, r["rule"]), {}).get("tokens_per_s")
+        nat = rows.get(mode_name("native", r["batch_size"], r["rule"]), {}).get("tokens_per_s")
+        out[mode_name("native", r["batch_size"], r["rule"]).split("/", 1)[1]] = {
+            "vs_native_single": round(r["tokens_per_s"] / single, 3) if single else None,
             "vs_native_same_batch": round(r["tokens_per_s"] / nat, 3) if nat else None}
     if best is not None:
         out["best_speculative_batch_size"] = best["batch_size"]

@@ -20,7 +20,7 @@ from ..decode.jobs import DecodeResult, Job
 
 STATS_COLUMNS = ["record_id", "sample", "prompt_len", "new_tokens", "mode", "drafter", "gamma",
                  "rounds", "tau", "acceptance_rate", "wall_s", "tokens_per_s", "native_wall_s",
-                 "native_tokens_per_s", "speedup"]
+                 "native_tokens_per_s", "speedup", "rule", "verified_positions", "efficiency"]
 
 
 @dataclass
@@ -54,8 +54,8 @@ def _round(x: float | None, nd: int = 4) -> float | None:
 
 
 def make_stats(job: Job, res: DecodeResult, drafter: str, gamma: int,
-               native: DecodeResult | None, pair_speedup: float | None = None
-               ) -> dict[str, Any]:
+               native: DecodeResult | None, pair_speedup: float | None = None,
+               rule: str = "residual") -> dict[str, Any]:
     """A job's stats row (STATS_COLUMNS); the native columns when it was also decoded
     natively, with `pair_speedup` (the speedup of its timed pair of passes) as `speedup`."""
     n = len(res.tokens)
@@ -67,6 +67,7 @@ def make_stats(job: Job, res: DecodeResult, drafter: str, gamma: int,
         "acceptance_rate": _round(res.acceptance_rate), "wall_s": _round(res.wall_s),
         "tokens_per_s": _round(n / res.wall_s if res.wall_s > 0 else None, 2),
         "native_wall_s": None, "native_tokens_per_s": None, "speedup": None,
+        "rule": rule, "verified_positions": res.verified, "efficiency": _round(res.efficiency),
     }
     if native is not None:
         row["native_wall_s"] = _round(native.wall_s)

@@ -260,7 +260,7 @@ class GenerationRun:
         if res is None:
             return JobOutcome(job, error=error)
         stats = make_stats(job, res, drafter_name(drafter), self.options.gamma,
-                           nat if drafter is not None else None, ratio)
+                           nat if drafter is not None else None, ratio, self.options.rule)
         return JobOutcome(job, GenerateOutput(res.tokens, detokenize(res.tokens), stats, res,
                                               nat))
 
