@@ -66,7 +66,8 @@ def generate(model: StripedHyena, prompt: str | Sequence[int], max_new_tokens: i
              temperature: float = 1.0, top_k: int = 4, top_p: float = 1.0, seed: int = 0,
              rollback: str = "slice", record: int = 0, sample: int = 0,
              record_id: str = "prompt", compare_native: bool = False,
-             force_drafter: bool = False, rule: str = "residual") -> GenerateOutput:
+             force_drafter: bool = False, rule: str = "residual",
+             draft_length: str = "fixed") -> GenerateOutput:
     """Continue `prompt` by `max_new_tokens` tokens; lossless whatever the drafter. `prompt`
     is checked as the command line checks `--prompt`: IUPAC letters in any case, upper-cased
     (U read as T, ambiguity codes kept), or a sequence of integer token ids; anything else is
@@ -74,9 +75,11 @@ def generate(model: StripedHyena, prompt: str | Sequence[int], max_new_tokens: i
     random-number key and `sample` its sample index (the same key gives the same tokens as
     `generate_many`); `compare_native` also decodes natively and fills the speedup columns.
     `rule="coupled"` draws tokens by Gumbel-max, so sampled output equals native sampling of the
-    same seed token for token (decode/sampling.py); "residual" is lossless in distribution."""
+    same seed token for token (decode/sampling.py); "residual" is lossless in distribution.
+    `draft_length="confidence"` (greedy or coupled) verifies, each round, as many drafts as
+    the drafter's confidence and the measured block cost make worth it (decode/schedule.py)."""
     options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed,
-                            rollback=rollback, rule=rule)
+                            rollback=rollback, rule=rule, draft_length=draft_length)
     rec = Record(record_id, prompt_ids(prompt, model.config.vocab_size), record)
     return _run(model, [rec], options, drafter, force_drafter, 1, None, compare_native,
                 samples=range(sample, sample + 1))[0]
@@ -90,7 +93,8 @@ def generate_many(model: StripedHyena,
                   rollback: str = "slice", force_drafter: bool = False,
                   max_memory: str | int | None = None,
                   on_round: Callable[[RoundReport], None] | None = None,
-                  rule: str = "residual") -> list[GenerateOutput]:
+                  rule: str = "residual", draft_length: str = "fixed"
+                  ) -> list[GenerateOutput]:
     """Continue every prompt `samples` times, `batch_size` rows at a time (None: the device's
     default, fewer if memory is short): one output per (prompt, sample), in input order.
 
@@ -100,7 +104,7 @@ def generate_many(model: StripedHyena,
     prompt is checked as `generate` checks it (an InputError names `prompts[i]` or the record
     id). Lossless per row whatever the batch size."""
     options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed, samples,
-                            rollback, rule)
+                            rollback, rule, draft_length)
     records = Record.listed(prompts, model.config.vocab_size)
     return _run(model, records, options, drafter, force_drafter, batch_size, max_memory,
                 on_round=on_round)

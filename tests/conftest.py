@@ -14,6 +14,16 @@ from tiny import SHARED, random_tiny_dir, shared_trained_tiny, trained_tiny_dir 
 ORACLE_DIR = SHARED / "oracle"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache_folder(tmp_path_factory):
+    """Measured block costs (decode/schedule.py) go to a folder of the test run, not ~/.cache;
+    child processes inherit it."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _one_torch_thread():
     """Tests run on one torch thread: small models are faster so, and results are reproducible."""

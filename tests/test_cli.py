@@ -37,7 +37,8 @@ ORACLE = SHARED / "oracle"
 COMMANDS = ("generate", "verify", "score", "convert", "info", "train")
 STATS_COLUMNS = ("record_id sample prompt_len new_tokens mode drafter gamma rounds tau "
                  "acceptance_rate wall_s tokens_per_s native_wall_s native_tokens_per_s "
-                 "speedup").split()
+                 "speedup rule verified_positions efficiency").split()
+BATCH_DEPENDENT = ("verified_positions", "efficiency")  # a block spans its round's longest draft
 FAST = ["--threads", "1", "-q"]
 
 
@@ -270,6 +271,10 @@ def test_stats_files_have_exactly_the_documented_columns(tmp_path, model, recs):
         assert 0.0 <= float(r["acceptance_rate"]) <= 1.0
         assert float(r["wall_s"]) > 0 and float(r["tokens_per_s"]) > 0
         assert r["native_wall_s"] == r["native_tokens_per_s"] == r["speedup"] == ""
+        assert r["rule"] == "residual"
+        # every round verifies at least the row's committed tokens
+        assert int(r["verified_positions"]) >= 9
+        assert float(r["efficiency"]) == pytest.approx(9 / int(r["verified_positions"]), rel=1e-4)
 
     objs = [json.loads(ln) for ln in jsonl.read_text().splitlines()]
     assert [o["record_id"] for o in objs] == ["r1.cont", "r2.cont"]
@@ -322,7 +327,8 @@ def _check_resumed(out: Path, stats: Path, ref: bytes, ref_stats: bytes, n: int)
     ref_lines = ref_stats.decode().splitlines()
     assert lines[0] == ref_lines[0] and lines.count(lines[0]) == 1 and len(lines) == n + 1
     # identical but for the timing columns
-    keep = [i for i, c in enumerate(STATS_COLUMNS) if "wall" not in c and "per_s" not in c]
+    keep = [i for i, c in enumerate(STATS_COLUMNS) if "wall" not in c and "per_s" not in c
+            and c not in BATCH_DEPENDENT]
     assert [[ln.split("\t")[i] for i in keep] for ln in lines] == \
            [[ln.split("\t")[i] for i in keep] for ln in ref_lines]
 

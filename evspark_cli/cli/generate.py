@@ -36,6 +36,7 @@ from .options import (
     BatchSizeOpt,
     CompileOpt,
     DeviceOpt,
+    DraftLengthOpt,
     DtypeOpt,
     GammaOpt,
     GraphsOpt,
@@ -92,6 +93,7 @@ def generate(
     drafter: str = DrafterOpt,
     gamma: int = GammaOpt,
     rule: str = RuleOpt,
+    draft_length: str = DraftLengthOpt,
     rollback: str = RollbackOpt,
     force_drafter: bool = ForceDrafterOpt,
     compare_native: bool = CompareNativeOpt,
@@ -129,7 +131,7 @@ def generate(
         from ..generation.records import RecordScheme
 
         options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k,
-                                top_p, seed, samples, rollback, rule)
+                                top_p, seed, samples, rollback, rule, draft_length)
         used = use_threads(threads)
         model, d = model_and_drafter(model_dir, prompts, options, drafter, force_drafter,
                                      device=device, dtype=dtype, cuda_graphs=cuda_graphs,

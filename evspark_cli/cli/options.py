@@ -55,6 +55,11 @@ RuleOpt = option("residual", "--rule", panel=SPECULATION_PANEL,
                  help="How tokens are drawn: residual (lossless in distribution) or coupled "
                  "(Gumbel-max: sampled output equals native sampling of the same seed, token for "
                  "token, whatever the drafter, gamma or batch).")
+DraftLengthOpt = option("fixed", "--draft-length", panel=SPECULATION_PANEL,
+                        help="fixed (--gamma drafts every round) or confidence (each round "
+                        "verifies as many drafts as the drafter's confidence and the measured "
+                        "cost of a block make worth it, --gamma at most; greedy or --rule "
+                        "coupled only; same output).")
 QuietOpt = option(False, "--quiet", "-q", help="No progress (neither the bar on a terminal nor "
                   "the timestamped lines in a log); warnings, errors and the summary line stay.",
                   panel=OUTPUT_PANEL)

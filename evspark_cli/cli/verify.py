@@ -19,6 +19,7 @@ from .options import (
     SPECULATION_PANEL,
     CompileOpt,
     DeviceOpt,
+    DraftLengthOpt,
     DtypeOpt,
     GammaOpt,
     GraphsOpt,
@@ -84,6 +85,7 @@ def verify(
     top_p: float = TopPOpt,
     seed: int = SeedOpt,
     rule: str = RuleOpt,
+    draft_length: str = DraftLengthOpt,
     region: Optional[List[str]] = RegionOpt,
     regions: Optional[str] = RegionsOpt,
     prompt_tail: Optional[int] = TailOpt,
@@ -117,7 +119,8 @@ def verify(
     from ..limits import context_cap, readable_config
 
     options = VerifyOptions(DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed,
-                                          rollback=rollback, rule=rule),
+                                          rollback=rollback, rule=rule,
+                                          draft_length=draft_length),
                             tie_tolerance, batch_size)
     if report:
         check_output_path(report)

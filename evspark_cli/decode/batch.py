@@ -35,6 +35,7 @@ from .acceptance import accepted_matches, decide_rows
 from .drafters.base import DraftContext, Drafter, DraftRows, Proposal
 from .jobs import DecodeResult, Job, Outcome, RoundReport, largest_draft, row_reserve
 from .prefill import Prefilled, prefill_prompt
+from .schedule import DraftSchedule, block_costs
 from .sampling import Purpose, SamplerConfig, coupled_draw, sample_from_probs, sampler_probs
 
 ROLLBACKS = ("slice", "replay")
@@ -72,10 +73,12 @@ class BatchDecoder:
                  gamma: int, batch_size: int = 1, rollback: str = "slice",
                  track_margins: bool = False,
                  on_round: Callable[[RoundReport], None] | None = None,
-                 capacity: int | None = None) -> None:
+                 capacity: int | None = None, adaptive: bool = False) -> None:
         """`capacity`: KV positions to reserve per row when the first batch is built (the run's
         longest prompt + new tokens + a block), so the caches never grow mid-run; None grows
-        them by doubling as rows need."""
+        them by doubling as rows need. `adaptive`: choose each round's draft length by
+        confidence (`schedule.py`), where the rule makes the output independent of it (greedy,
+        coupled); elsewhere every round drafts `gamma`."""
         if rollback not in ROLLBACKS:
             raise InputError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
         if batch_size < 1:
@@ -89,6 +92,10 @@ class BatchDecoder:
         self.mode = "speculative" if drafter is not None else "native"
         self.on_gpu = model.device.type != "cpu"
         self.prefix = drafter.prefix_len if drafter is not None else 0
+        self.schedule: DraftSchedule | None = None
+        if adaptive and drafter is not None and (sampler.greedy or sampler.coupled):
+            self.schedule = DraftSchedule(block_costs(model, batch_size, self.gamma + 1),
+                                          self.gamma, not sampler.greedy)
         # rows live in step: self.state's row b is self.rows[b] and self.draft's row b
         self.state: InferenceState | None = None
         self.rows: list[_Row] = []
@@ -123,6 +130,9 @@ class BatchDecoder:
         if G > 0:
             assert self.draft is not None
             prop = self.draft.propose(state, [r.anchor for r in rows], gammas)
+            if self.schedule is not None:
+                G = self._scheduled(prop, gammas, state.lengths)
+                gammas = [min(g, G) for g in gammas]
             ids = torch.cat([anchors, prop.drafts[:, :G]], dim=1)
         else:
             ids = anchors
@@ -130,7 +140,9 @@ class BatchDecoder:
         if self.on_gpu:
             ids = ids.to(model.device)
         snapshot = state.clone() if self.rollback == "replay" else None
+        t_block = time.perf_counter()
         logits, hidden, block = model.extend(state, ids)
+        t_block = time.perf_counter() - t_block  # (on a GPU: the launch; the sum syncs below)
         k, V = logits.shape[1:]
         p = sampler_probs(logits.reshape(B * k, V), self.sampler).view(B, k, V)
         pos = state.lengths  # row b's anchor sits at pos[b]; its draft j at pos[b] + j
@@ -144,11 +156,14 @@ class BatchDecoder:
             margins = gaps if self.sampler.coupled and not self.sampler.greedy else \
                 self._margins(logits)
         counts = [x + 1 for x in m]
+        t_commit = time.perf_counter()
         if snapshot is None:
             self.state = block.commit(counts if prop is not None else 1)
         else:
             self.state = model.extend(snapshot, ids[:, : max(counts)])[2].commit(counts)
         t2 = time.perf_counter()
+        if self.schedule is not None and prop is not None:
+            self.schedule.observe(gammas, m)
         if self.draft is not None:
             self.draft.observe(ids, hidden, counts)
         finished: list[int] = []
@@ -184,7 +199,23 @@ class BatchDecoder:
                 done.append(Outcome(r.job, result=res))
         if self.on_round is not None:
             self.on_round(RoundReport(emitted, B, sum(m), sum(gammas)))
+        if self.schedule is not None and prop is not None:
+            self.schedule.note_round(B, k, time.perf_counter() - t0, t_block + t2 - t_commit)
         return done, finished
+
+    def _scheduled(self, prop: Proposal, gammas: list[int], pos: tuple[int, ...]) -> int:
+        """The drafts this round verifies, chosen from the drafter's confidence in each: under
+        the coupled rule its perturbed-score gap (the same noise the drafts were drawn with)."""
+        assert self.schedule is not None
+        G = max(gammas)
+        if G == 0 or self.sampler.greedy:
+            return self.schedule.choose(None, gammas)
+        B, V = len(gammas), prop.q.shape[-1]
+        keys = torch.tensor([r.job.rng.coupled for r in self.rows], dtype=torch.int64)
+        at = torch.tensor(pos, dtype=torch.int64)[:, None] + 1 + torch.arange(G)
+        _, gap = coupled_draw(prop.q[:, :G].reshape(B * G, V), keys.repeat_interleave(G),
+                              at.reshape(-1), self.sampler)
+        return self.schedule.choose(gap.view(B, G), gammas)
 
     def _residual(self, p: Tensor, pos: tuple[int, ...], prop: Proposal | None,
                   gammas: list[int]) -> tuple[list[int], list[int]]:

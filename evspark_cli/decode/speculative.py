@@ -28,8 +28,10 @@ __all__ = ["decode_speculative"]
 def decode_speculative(model: StripedHyena, prompt: list[int], max_new_tokens: int,
                        sampler: SamplerConfig, drafter: Drafter, gamma: int,
                        rng: RngKey | None = None, rollback: str = "slice", label: str = "",
-                       prefilled: Prefilled | None = None) -> DecodeResult:
-    """Generate `max_new_tokens` tokens with `drafter`; the output has the target's distribution."""
-    decoder = BatchDecoder(model, sampler, drafter, gamma, rollback=rollback)
+                       prefilled: Prefilled | None = None, adaptive: bool = False
+                       ) -> DecodeResult:
+    """Generate `max_new_tokens` tokens with `drafter`; the output has the target's distribution.
+    `adaptive`: the draft length by confidence (decode/schedule.py; greedy or coupled only)."""
+    decoder = BatchDecoder(model, sampler, drafter, gamma, rollback=rollback, adaptive=adaptive)
     return run_one(decoder, Job(0, tuple(prompt), max_new_tokens, rng or RngKey(), label),
                    prefilled)

@@ -30,7 +30,7 @@ def default_tie_tolerance(dtype: torch.dtype) -> float:
 def side_by_side(model: StripedHyena, prompt: Prompt, new_tokens: int, sampler: SamplerConfig,
                  key: RngKey, drafters: Mapping[str, Drafter], gamma: int,
                  rollbacks: Callable[[str], Sequence[str]] = lambda name: ("slice",),
-                 track_margins: bool = False
+                 track_margins: bool = False, adaptive: bool = False
                  ) -> Iterator[tuple[str, str, DecodeResult, DecodeResult]]:
     """Decode `prompt` natively once, then with each drafter (and each of its rollbacks) right
     after it, from the same random key: yields (drafter name, rollback, native, speculative).
@@ -44,7 +44,7 @@ def side_by_side(model: StripedHyena, prompt: Prompt, new_tokens: int, sampler: 
     for name, d in drafters.items():
         for rb in rollbacks(name):
             spec = decode_speculative(model, ids, new_tokens, sampler, d, gamma, key, rb,
-                                      prompt.id)
+                                      prompt.id, adaptive=adaptive)
             yield name, rb, nat, spec
 
 

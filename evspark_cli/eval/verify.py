@@ -140,7 +140,8 @@ def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Draf
     for p, job in zip(prompts, jobs):
         for _, _, nat, spec in side_by_side(model, p, opts.max_new_tokens, opts.sampler, job.rng,
                                             {"d": drafter}, opts.gamma,
-                                            lambda _: (opts.rollback,), track_margins=True):
+                                            lambda _: (opts.rollback,), track_margins=True,
+                                            adaptive=opts.adaptive):
             rows.append(compare_greedy(p.id, nat, spec, tol))
             if on_prompt is not None:
                 on_prompt(rows[-1])
@@ -155,7 +156,8 @@ def _verify_batched(model: StripedHyena, jobs: list[Job], drafter: Drafter,
                              j.label, track_margins=True) for j in jobs]
     t0 = time.perf_counter()
     rows_at_once = plan_batch(model, jobs, opts, drafter, batch_size)  # clamped, checked
-    dec = BatchDecoder(model, opts.sampler, drafter, opts.gamma, rows_at_once, opts.rollback)
+    dec = BatchDecoder(model, opts.sampler, drafter, opts.gamma, rows_at_once, opts.rollback,
+                       adaptive=opts.adaptive)
     spec: dict[int, DecodeResult] = {}
     for o in dec.run(jobs):
         if o.error is not None:

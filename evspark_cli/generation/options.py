@@ -18,6 +18,7 @@ from ..decode.sampling import SamplerConfig
 from ..errors import InputError, SettingError, at_least
 from ..model.model import StripedHyena
 
+DRAFT_LENGTHS = ("fixed", "confidence")
 CPU_BATCH = 32  # the most tokens/s for the bundled target on a 2-core CPU (docs/performance.md)
 CUDA_BATCH = 64  # a GPU's decode step reads the weights once for all rows
 
@@ -48,6 +49,7 @@ class DecodeOptions:
     samples: int = 1  # continuations per record
     rollback: str = "slice"
     rule: str = "residual"  # how tokens are drawn from p̃: residual or coupled (decode/sampling.py)
+    draft_length: str = "fixed"  # fixed (gamma every round) or confidence (decode/schedule.py)
 
     def __post_init__(self) -> None:
         _integer("max_new_tokens", self.max_new_tokens)
@@ -63,6 +65,19 @@ class DecodeOptions:
             raise SettingError.of("rollback", f"must be {' or '.join(ROLLBACKS)}, "
                                               f"got {self.rollback!r}")
         self.sampler.validate()
+        if self.draft_length not in DRAFT_LENGTHS:
+            raise SettingError.of("draft_length", f"must be {' or '.join(DRAFT_LENGTHS)}, "
+                                                  f"got {self.draft_length!r}")
+        if self.draft_length == "confidence" and not (self.sampler.greedy
+                                                      or self.sampler.coupled):
+            raise SettingError("{0} confidence needs greedy decoding or {1} coupled: under the "
+                               "residual rule a sampled token depends on the drafts it is "
+                               "tested against", "draft_length", "rule")
+
+    @property
+    def adaptive(self) -> bool:
+        """Draft length chosen per round by confidence (greedy or coupled only)."""
+        return self.draft_length == "confidence"
 
     @property
     def sampler(self) -> SamplerConfig:

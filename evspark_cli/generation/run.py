@@ -270,7 +270,7 @@ class GenerationRun:
         caller's time between them) counted in the summary and in its pair."""
         opts = self.options
         dec = BatchDecoder(self.model, opts.sampler, drafter, opts.gamma, self.batch_size,
-                           opts.rollback,
+                           opts.rollback, adaptive=opts.adaptive,
                            on_round=self._rounds(p, None if p.timing_only else self.on_round),
                            capacity=opts.row_capacity(max(len(j.prompt) for j in p.jobs)))
         # a timing-only repeat counts in its pair, not in the run's totals
