@@ -3,8 +3,10 @@
     python benchmarks/gpu_throughput.py --out $OUT/throughput.json     # CUDA, a few minutes (H200)
     python benchmarks/gpu_throughput.py --small --device cpu --out /tmp/t.json   # logic check
 
-For each batch size: tokens/s of native decoding and of speculative decoding with the identity
-and k-mer drafters (gamma 12, T=1 top-k 4, prompts of 1k tokens, prefill excluded: every row
+For each batch size and rule (`--rules`, residual and coupled by default; the coupled rows also
+with the confidence draft length): tokens/s of native decoding and of speculative decoding with
+the identity and k-mer drafters (gamma 12, T=1 top-k 4, prompts of 1k tokens, prefill excluded:
+every row
 starts from a shared prefilled prompt), the modes interleaved; and the native decode step
 against the weight-read bound (bytes of weights / HBM bandwidth, `--bandwidth`, 4.8 TB/s for
 an H200), whose ratio is the figure to bring within 1.5x at batch 1. Weights are random (Evo 2
@@ -37,13 +39,15 @@ from gpu_check import evo2_7b_config, sync  # noqa: E402  (benchmarks/ is the sc
 SAMPLED = SamplerConfig(1.0, 4, 1.0)
 
 
-def run(model: StripedHyena, prompt: list[int], batch: int, tokens: int, drafter, dev) -> dict:
-    """Tokens/s of `batch` rows decoding `tokens` tokens each from one shared prefill."""
+def run(model: StripedHyena, prompt: list[int], batch: int, tokens: int, drafter, dev,
+        sampler: SamplerConfig = SAMPLED, adaptive: bool = False) -> dict:
+    """Tokens/s of `batch` rows decoding `tokens` tokens each from one shared prefill, and their
+    tokens (to compare the coupled rule's speculative rows with native sampling)."""
     gamma = 12 if drafter is not None else 0
     pre = prefill_prompt(model, prompt, reserve=tokens + gamma + 16,
                          keep_hidden=drafter.prefix_len if drafter is not None else 0)
     jobs = [Job(s, tuple(prompt), tokens, RngKey(0, 1, s)) for s in range(batch)]
-    dec = BatchDecoder(model, SAMPLED, drafter, gamma, batch_size=batch)
+    dec = BatchDecoder(model, sampler, drafter, gamma, batch_size=batch, adaptive=adaptive)
     dec.share_prefill(jobs[0], pre)
     sync(dev)
     t = time.perf_counter()
@@ -52,8 +56,11 @@ def run(model: StripedHyena, prompt: list[int], batch: int, tokens: int, drafter
     dt = time.perf_counter() - t
     n = sum(len(o.result.tokens) for o in outs if o.result is not None)
     rounds = sum(o.result.rounds for o in outs if o.result is not None)
+    verified = sum(o.result.verified for o in outs if o.result is not None)
     return {"tokens": n, "seconds": round(dt, 4), "tokens_per_s": round(n / dt, 1),
-            "tau": round(n / rounds, 3) if rounds else None}
+            "tau": round(n / rounds, 3) if rounds else None,
+            "efficiency": round(n / verified, 3) if verified else None,
+            "_out": {o.job.index: o.result.tokens for o in outs if o.result is not None}}
 
 
 def step_time(model: StripedHyena, prompt: list[int], dev, reps: int) -> float:
@@ -85,6 +92,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--bandwidth", type=float, default=4.8e12, help="HBM bytes/s (H200: 4.8e12)")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--rules", default="residual,coupled")
     a = ap.parse_args()
     dev = torch.device(a.device)
     torch.manual_seed(0)
@@ -104,17 +112,31 @@ def main() -> None:
                         "weight_bytes": weight_bytes, "dtype": str(next(model.parameters()).dtype)},
               "native_step_s": step, "weight_read_bound_s": weight_bytes / a.bandwidth,
               "step_over_bound": round(step / (weight_bytes / a.bandwidth), 3), "batches": {}}
-    drafters = {"native": None, "identity": IdentityDrafter(), "kmer": KmerDrafter()}
+    drafters = {"native": (None, False), "identity": (IdentityDrafter(), False),
+                "kmer": (KmerDrafter(), False)}
     for b in (int(x) for x in a.batches.split(",")):
-        row = {}
-        for name, d in drafters.items():  # warm-up (graph recordings), then the timed run
-            run(model, prompt, b, 16, d, dev)
-            row[name] = run(model, prompt, b, a.tokens, d, dev)
-        for name in ("identity", "kmer"):
-            row[f"{name}_vs_native"] = round(row[name]["tokens_per_s"] /
-                                             row["native"]["tokens_per_s"], 3)
-        result["batches"][str(b)] = row
-        print(json.dumps({b: row}), flush=True)
+        for rule in a.rules.split(","):
+            sampler = SamplerConfig(1.0, 4, 1.0, rule)
+            modes = dict(drafters)
+            if rule == "coupled":
+                modes["kmer-confidence"] = (KmerDrafter(), True)
+            row = {}
+            for name, (d, adaptive) in modes.items():  # warm-up (graphs), then the timed run
+                run(model, prompt, b, 16, d, dev, sampler, adaptive)
+                row[name] = run(model, prompt, b, a.tokens, d, dev, sampler, adaptive)
+            native = row["native"].pop("_out")
+            for name in modes:
+                if name == "native":
+                    continue
+                out = row[name].pop("_out")
+                row[f"{name}_vs_native"] = round(row[name]["tokens_per_s"] /
+                                                 row["native"]["tokens_per_s"], 3)
+                if rule == "coupled":
+                    row[name]["rows_differing_from_native"] = sum(
+                        out[i] != native[i] for i in native)
+            key = str(b) if rule == "residual" else f"{b}/{rule}"
+            result["batches"][key] = row
+            print(json.dumps({key: row}), flush=True)
     from evspark_cli.eval.provenance import provenance
 
     result["provenance"] = provenance(" ".join(["python", "benchmarks/gpu_throughput.py",

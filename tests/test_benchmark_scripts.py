@@ -29,6 +29,8 @@ SMOKE = {
                     "--threads", "1"],
     "identity_vs_native": ["--records", "1", "--tokens", "8", "--runs", "1", "--batches", "1"],
     "fasta_reader": ["--megabases", "0.2", "--repeats", "1"],
+    "coupled_bar": ["--prompts-n", "2", "--tokens", "8", "--seeds", "0", "--batch-records", "1",
+                    "--batch-samples", "2", "--batch-tokens", "8"],
     "mixed_profile": ["--records", "2", "--samples", "1", "--tokens", "4", "--lengths", "64,128",
                       "--equal-length", "96", "--batch-size", "2", "--threads", "1"],
 }

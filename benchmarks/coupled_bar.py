@@ -1,0 +1,190 @@
+"""The coupled rule side by side with the residual rule: exactness, single-stream and batched speed.
+
+    python benchmarks/coupled_bar.py --out benchmarks/results/coupled_bar.json
+    python benchmarks/coupled_bar.py --prompts-n 2 --tokens 8 --seeds 0 --batch-records 1 \\
+        --batch-samples 2 --batch-tokens 8 --out /tmp/c.json          # smoke
+
+Bundled target and dspark drafters, the shared 48-prompt suite (else the example prompts),
+one process, on whatever threads torch has.
+
+1. **Exactness and one stream.** For each sampler (coupled T=1 top-k 4 and coupled T=0.7 top-p
+   0.9), each prompt is decoded natively, then speculatively with each drafter seed at batch 1,
+   right after it (side by side); the same jobs then run speculatively at the default batch.
+   Every speculative job must equal the native job token for token (divergences are counted
+   and classified as ties by the perturbed-score gap). Greedy decoding and residual sampling
+   (T=1 top-k 4) run the same single-stream pairs for the first seed, as the baselines the
+   coupled rule is compared with; the single-stream section also tries `--gamma 16` and the
+   confidence draft length.
+2. **Batches.** Records x samples x tokens at the default batch: batched native, batched
+   speculative (fixed and confidence draft length) under each rule, and the tokens/s of
+   single-stream native decoding measured in section 1 as the single-stream baseline.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from evspark_cli.decode.batch import BatchDecoder  # noqa: E402
+from evspark_cli.decode.drafters.registry import bundled_drafter_dir, resolve_drafter  # noqa: E402
+from evspark_cli.decode.sampling import SamplerConfig  # noqa: E402
+from evspark_cli.eval.bench import default_prompts  # noqa: E402
+from evspark_cli.eval.compare import compare_greedy  # noqa: E402
+from evspark_cli.eval.provenance import provenance  # noqa: E402
+from evspark_cli.generation.jobs import Record, build_jobs  # noqa: E402
+from evspark_cli.generation.options import DecodeOptions, default_batch_size  # noqa: E402
+from evspark_cli.io.fasta import read_prompts  # noqa: E402
+from evspark_cli.model.checkpoint import load_model  # noqa: E402
+
+SAMPLERS = {"coupled-t1-k4": SamplerConfig(1.0, 4, 1.0, "coupled"),
+            "coupled-t0.7-p0.9": SamplerConfig(0.7, 0, 0.9, "coupled")}
+BASELINES = {"greedy": SamplerConfig(1.0, 1, 1.0), "residual-t1-k4": SamplerConfig(1.0, 4, 1.0)}
+TIE = 1e-3
+
+
+def decode(model, jobs, sampler, drafter, gamma, batch, adaptive=False, margins=False):
+    """Results by job index and the wall time of the whole run."""
+    dec = BatchDecoder(model, sampler, drafter, gamma if drafter is not None else 0,
+                       batch_size=batch, track_margins=margins, adaptive=adaptive)
+    t0 = time.perf_counter()
+    out = {}
+    for o in dec.run(jobs):
+        if o.error is not None:
+            raise o.error
+        out[o.job.index] = o.result
+    return out, time.perf_counter() - t0
+
+
+def tally(results) -> dict:
+    tokens = sum(len(r.tokens) for r in results.values())
+    rounds = sum(r.rounds for r in results.values())
+    verified = sum(r.verified for r in results.values())
+    return {"tokens": tokens, "tau": round(tokens / rounds, 3) if rounds else None,
+            "efficiency": round(tokens / verified, 3) if verified else None}
+
+
+def divergences(native, spec) -> dict:
+    rows = [compare_greedy(str(i), native[i], spec[i], TIE) for i in native]
+    bad = [r for r in rows if r["divergence"] is not None and not r["tie"]]
+    return {"jobs": len(rows), "identical": sum(r["divergence"] is None for r in rows),
+            "ties": sum(r["tie"] for r in rows), "non_tie_divergences": len(bad)}
+
+
+def single_stream(model, prompts, drafters, args, log) -> dict:
+    """Per sampler: native then each drafter at batch 1, prompt by prompt; then the same jobs
+    at the default batch, every job compared with native token for token."""
+    out: dict = {}
+    samplers = {**SAMPLERS, **BASELINES}
+    for name, sampler in samplers.items():
+        coupled_or_greedy = sampler.coupled or sampler.greedy
+        opts = DecodeOptions(args.tokens, args.gamma, sampler.temperature, sampler.top_k,
+                             sampler.top_p, rule=sampler.rule)
+        jobs = build_jobs([Record.of(p, model.config.vocab_size) for p in prompts], opts)
+        seeds = drafters if name in SAMPLERS else dict(list(drafters.items())[:1])
+        variants = [(s, args.gamma, False) for s in seeds]
+        if coupled_or_greedy:  # the cap and the schedule, for the first seed
+            first = next(iter(seeds))
+            variants += [(first, 16, False), (first, args.gamma, True)]
+        native_s, spec_s = 0.0, {v: 0.0 for v in variants}
+        native, spec = {}, {v: {} for v in variants}
+        for job in jobs:
+            nat, dt = decode(model, [job], sampler, None, 0, 1, margins=coupled_or_greedy)
+            native.update(nat)
+            native_s += dt
+            for v in variants:
+                seed, gamma, adaptive = v
+                res, dt = decode(model, [job], sampler, drafters[seed], gamma, 1, adaptive)
+                spec[v].update(res)
+                spec_s[v] += dt
+        n_tokens = sum(len(r.tokens) for r in native.values())
+        section = {"native_tokens_per_s": round(n_tokens / native_s, 1), "single_stream": {}}
+        for v in variants:
+            seed, gamma, adaptive = v
+            key = f"{seed}/gamma{gamma}/{'confidence' if adaptive else 'fixed'}"
+            row = {"speedup": round(native_s / spec_s[v], 3), **tally(spec[v])}
+            if coupled_or_greedy:
+                row["vs_native"] = divergences(native, spec[v])
+            section["single_stream"][key] = row
+            log(f"{name} b1 {key}: {row}")
+        if name in SAMPLERS:  # exactness at the default batch, every seed
+            section["default_batch"] = {}
+            for seed, d in seeds.items():
+                res, dt = decode(model, jobs, sampler, d, args.gamma, args.batch_size)
+                row = {"seconds": round(dt, 2), **tally(res), "vs_native": divergences(native,
+                                                                                       res)}
+                section["default_batch"][seed] = row
+                log(f"{name} b{args.batch_size} {seed}: {row}")
+        out[name] = section
+    return out
+
+
+def batched(model, prompts, drafter, args, single_native: dict, log) -> dict:
+    """Records x samples x tokens at the default batch, native and speculative per rule."""
+    out: dict = {}
+    for name, sampler in (("residual-t1-k4", BASELINES["residual-t1-k4"]),
+                          ("coupled-t1-k4", SAMPLERS["coupled-t1-k4"])):
+        opts = DecodeOptions(args.batch_tokens, args.gamma, sampler.temperature, sampler.top_k,
+                             sampler.top_p, samples=args.batch_samples, rule=sampler.rule)
+        jobs = build_jobs([Record.of(p, model.config.vocab_size)
+                           for p in prompts[: args.batch_records]], opts)
+        nat, nat_s = decode(model, jobs, sampler, None, 0, args.batch_size)
+        tokens = sum(len(r.tokens) for r in nat.values())
+        row = {"jobs": len(jobs), "native_tokens_per_s": round(tokens / nat_s, 1)}
+        modes = [("fixed", False)] + ([("confidence", True)] if sampler.coupled else [])
+        for mode, adaptive in modes:
+            res, dt = decode(model, jobs, sampler, drafter, args.gamma, args.batch_size, adaptive)
+            tps = tokens / dt
+            single = single_native[name]["native_tokens_per_s"]
+            row[mode] = {"tokens_per_s": round(tps, 1),
+                         "vs_batched_native": round(tps / row["native_tokens_per_s"], 3),
+                         "vs_single_stream_native": round(tps / single, 3), **tally(res)}
+            if sampler.coupled:
+                row[mode]["jobs_differing_from_native"] = sum(
+                    res[i].tokens != nat[i].tokens for i in nat)
+        out[name] = row
+        log(f"batched {name}: {row}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts-n", type=int, default=48)
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--gamma", type=int, default=12)
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--batch-records", type=int, default=16)
+    ap.add_argument("--batch-samples", type=int, default=8)
+    ap.add_argument("--batch-tokens", type=int, default=512)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    model = load_model(ROOT / "models" / "evspark-sh2-192")
+    args.batch_size = args.batch_size or default_batch_size(model.device)
+    drafters = {f"dspark-seed{s}": resolve_drafter(model, bundled_drafter_dir(model, int(s)))
+                for s in args.seeds.split(",")}
+    prompts = read_prompts([default_prompts()])[: args.prompts_n]
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    t0 = time.time()
+    res: dict = {"provenance": provenance(" ".join(["python", "benchmarks/coupled_bar.py",
+                                                    *sys.argv[1:]])),
+                 "config": {**vars(args), "prompts": len(prompts),
+                            "threads": torch.get_num_threads()}}
+    res["single_stream"] = single_stream(model, prompts, drafters, args, log)
+    res["batched"] = batched(model, prompts, next(iter(drafters.values())), args,
+                             res["single_stream"], log)
+    res["wall_s"] = round(time.time() - t0, 1)
+    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
