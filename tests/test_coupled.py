@@ -19,6 +19,7 @@ from collections import Counter
 import pytest
 import torch
 from test_lossless_stats import ALPHA, PROMPT, exact_joint, gof_test, trained  # noqa: F401
+from test_batch_decode import jobs_for
 from tiny import phix_genome
 
 from evspark_cli.decode.acceptance import accepted_matches
@@ -108,17 +109,23 @@ def _native(cond, noise: torch.Tensor, n: int) -> list[int]:
     return out
 
 
+def _native_round(key: int, gamma: int, record: int, sample: int):
+    """A round's conditionals, its noise over the 4 letters at positions 1..gamma+1 and native
+    sampling's tokens there."""
+    cond = _conditionals(key)
+    tokens = torch.arange(4)[None].expand(gamma + 1, -1)
+    noise = coupled_noise(torch.full((gamma + 1,), coupled_key(key, record, sample)),
+                          torch.arange(1, gamma + 2), tokens)
+    return cond, noise, _native(cond, noise, gamma + 1)
+
+
 def test_every_draft_sequence_gives_natives_tokens_exactly():
     """γ = 4 over a 4-letter vocabulary: all 256 draft sequences (every drafter there can be),
     40 noise keys each, and the round emits exactly native sampling's first m + 1 tokens; the
     leading accepted drafts are exactly the ones equal to native's tokens."""
     gamma = 4
-    tokens = torch.arange(4)[None].expand(gamma + 1, -1)
     for key in range(40):
-        cond = _conditionals(key)
-        noise = coupled_noise(torch.full((gamma + 1,), coupled_key(key, 3, 1)),
-                              torch.arange(1, gamma + 2), tokens)
-        native = _native(cond, noise, gamma + 1)
+        cond, noise, native = _native_round(key, gamma, 3, 1)
         for drafts in itertools.product(range(4), repeat=gamma):
             got = _round(cond, noise, list(drafts), _coupled_accept)
             lead = next((i for i, (d, t) in enumerate(zip(drafts, native)) if d != t), gamma)
@@ -129,7 +136,6 @@ def test_a_broken_coupling_is_caught():
     """The same enumeration rejects a coupling that accepts a draft the target could have drawn
     (positive probability) instead of the one it did draw."""
     gamma = 3
-    tokens = torch.arange(4)[None].expand(gamma + 1, -1)
 
     def plausible(y, drafts, scores):
         m = 0
@@ -139,10 +145,7 @@ def test_a_broken_coupling_is_caught():
 
     wrong = 0
     for key in range(10):
-        cond = _conditionals(key)
-        noise = coupled_noise(torch.full((gamma + 1,), coupled_key(key, 0, 0)),
-                              torch.arange(1, gamma + 2), tokens)
-        native = _native(cond, noise, gamma + 1)
+        cond, noise, native = _native_round(key, gamma, 0, 0)
         for drafts in itertools.product(range(4), repeat=gamma):
             got = _round(cond, noise, list(drafts), plausible)
             wrong += got != native[: len(got)]
@@ -212,12 +215,7 @@ def prompts() -> list[list[int]]:
 
 
 def _jobs(prompts, samples: int, lengths: list[int], seed: int = 3) -> list[Job]:
-    out = []
-    for r, p in enumerate(prompts):
-        for s in range(samples):
-            out.append(Job(len(out), tuple(p), lengths[len(out) % len(lengths)],
-                           RngKey(seed, 100 + r, s), f"r{r}"))
-    return out
+    return jobs_for(prompts, samples, lengths, seed)
 
 
 def _run(model, jobs, sampler, drafter, gamma, batch) -> dict[int, list[int]]:

@@ -24,7 +24,8 @@ EXAMPLES = ROOT / "examples"
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 EVSPARK_CMD = f"{sys.executable} -m evspark_cli.cli"
 STATS_HEADER = ("record_id\tsample\tprompt_len\tnew_tokens\tmode\tdrafter\tgamma\trounds\ttau\t"
-                "acceptance_rate\twall_s\ttokens_per_s\tnative_wall_s\tnative_tokens_per_s\tspeedup")
+                "acceptance_rate\twall_s\ttokens_per_s\tnative_wall_s\tnative_tokens_per_s\tspeedup\t"
+                "rule\tverified_positions\tefficiency")
 
 RECORDS = {
     "chrA": "ATGAAACGCATTAGCACCACCATTACCACCACCATCACCATTACCACAGGTAACGGTGCGG",
@@ -140,4 +141,4 @@ def test_pipeline_script_equals_evspark_region(tmp_path, model, extractor, regio
     name = {"chrA": "chrA", "chrB:11": f"chrB:11-{len(RECORDS['chrB'])}"}.get(region,
                                                                               "chrB:11-50")
     assert got.startswith(f">{name}.cont evspark ") and "new_tokens=7" in got
-    assert got.splitlines()[0].endswith(f" prompt={name}")
+    assert f" prompt={name} " in got.splitlines()[0]
