@@ -18,8 +18,8 @@ from collections import Counter
 
 import pytest
 import torch
-from test_lossless_stats import ALPHA, PROMPT, exact_joint, gof_test, trained  # noqa: F401
 from test_batch_decode import jobs_for
+from test_lossless_stats import ALPHA, PROMPT, exact_joint, gof_test, trained  # noqa: F401
 from tiny import phix_genome
 
 from evspark_cli.decode.acceptance import accepted_matches

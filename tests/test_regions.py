@@ -272,8 +272,8 @@ def test_outputs_index_with_pyfaidx_and_read_back(tmp_path, model):
                 assert got.returncode == 0 and not got.stderr, got.stderr
                 assert "".join(got.stdout.splitlines()[1:]) == str(
                     pyfaidx.Fasta(str(out))[rid][:])
-        assert re.search(r"^>geneX" + re.escape(suffix) + r"_s0 .* prompt=chrM:3-12 rule=residual$", text,
-                         re.M)
+        assert re.search(r"^>geneX" + re.escape(suffix)
+                         + r"_s0 .* prompt=chrM:3-12 rule=residual$", text, re.M)
 
 
 def test_resume_refuses_a_partial_of_another_naming(tmp_path, model):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_coupled import COUPLED, _jobs, prompts  # noqa: F401
 from test_lossless_stats import trained  # noqa: F401
+from tiny import one_line_error, run_cli
 
 from evspark_cli.decode import schedule
 from evspark_cli.decode.batch import BatchDecoder
@@ -19,7 +20,6 @@ from evspark_cli.decode.sampling import SamplerConfig
 from evspark_cli.decode.schedule import BlockCosts, DraftSchedule
 from evspark_cli.errors import SettingError
 from evspark_cli.generation.options import DecodeOptions
-from tiny import one_line_error, run_cli
 
 
 def test_costs_interpolate_between_measured_points():

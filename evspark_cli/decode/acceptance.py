@@ -34,8 +34,8 @@ def accepted_matches(targets: Tensor, drafts: Tensor, gammas: list[int]) -> list
     B, G = drafts.shape
     same = drafts == targets[:, :G].to(drafts.device)
     if gammas.count(G) != B:
-        same &= torch.arange(G, device=drafts.device) < torch.tensor(gammas,
-                                                                       device=drafts.device)[:, None]
+        lengths = torch.tensor(gammas, device=drafts.device)[:, None]
+        same &= torch.arange(G, device=drafts.device) < lengths
     return same.to(torch.int64).cumprod(dim=-1).sum(dim=-1).tolist()
 
 

@@ -35,8 +35,8 @@ from .acceptance import accepted_matches, decide_rows
 from .drafters.base import DraftContext, Drafter, DraftRows, Proposal
 from .jobs import DecodeResult, Job, Outcome, RoundReport, largest_draft, row_reserve
 from .prefill import Prefilled, prefill_prompt
-from .schedule import DraftSchedule, block_costs
 from .sampling import Purpose, SamplerConfig, coupled_draw, sample_from_probs, sampler_probs
+from .schedule import DraftSchedule, block_costs
 
 ROLLBACKS = ("slice", "replay")
 

@@ -113,7 +113,8 @@ class VerifyResult:
         c = self.sampler
         return {"drafter": self.drafter, "gamma": self.gamma, "rule": c.rule,
                 "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p,
-                "greedy": c.greedy, "tie_tolerance": self.tie_tolerance, "batch_size": self.batch_size,
+                "greedy": c.greedy, "tie_tolerance": self.tie_tolerance,
+                "batch_size": self.batch_size,
                 "native_s": self.native_s, "speculative_s": self.spec_s, "rows": self.rows}
 
 
