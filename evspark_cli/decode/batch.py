@@ -211,11 +211,16 @@ class BatchDecoder:
         if G == 0 or self.sampler.greedy:
             return self.schedule.choose(None, gammas)
         B, V = len(gammas), prop.q.shape[-1]
-        keys = torch.tensor([r.job.rng.coupled for r in self.rows], dtype=torch.int64)
-        at = torch.tensor(pos, dtype=torch.int64)[:, None] + 1 + torch.arange(G)
-        _, gap = coupled_draw(prop.q[:, :G].reshape(B * G, V), keys.repeat_interleave(G),
-                              at.reshape(-1), self.sampler)
+        _, gap = coupled_draw(prop.q[:, :G].reshape(B * G, V), *self._noise_keys(pos, G),
+                              self.sampler)
         return self.schedule.choose(gap.view(B, G), gammas)
+
+    def _noise_keys(self, pos: tuple[int, ...], k: int) -> tuple[Tensor, Tensor]:
+        """Coupled-noise keys and positions of the k positions after each row's anchor, row by
+        row (B * k entries)."""
+        keys = torch.tensor([r.job.rng.coupled for r in self.rows], dtype=torch.int64)
+        at = torch.tensor(pos, dtype=torch.int64)[:, None] + 1 + torch.arange(k)
+        return keys.repeat_interleave(k), at.reshape(-1)
 
     def _residual(self, p: Tensor, pos: tuple[int, ...], prop: Proposal | None,
                   gammas: list[int]) -> tuple[list[int], list[int]]:
@@ -246,10 +251,7 @@ class BatchDecoder:
         drafts accepted while they equal it, and the target's token at the first mismatch (or
         after the last draft): native sampling's tokens. Also each row's margin there."""
         B, k, V = p.shape
-        keys = torch.tensor([r.job.rng.coupled for r in self.rows], dtype=torch.int64)
-        at = torch.tensor(pos, dtype=torch.int64)[:, None] + 1 + torch.arange(k)
-        y, gap = coupled_draw(p.reshape(B * k, V), keys.repeat_interleave(k), at.reshape(-1),
-                              self.sampler)
+        y, gap = coupled_draw(p.reshape(B * k, V), *self._noise_keys(pos, k), self.sampler)
         y, gap = y.view(B, k).cpu(), gap.view(B, k)
         G = max(gammas)
         m = [0] * B if prop is None else accepted_matches(y, prop.drafts[:, :G], gammas)

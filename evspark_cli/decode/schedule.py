@@ -28,6 +28,7 @@ sampling keeps its fixed `--gamma`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import statistics
@@ -94,7 +95,8 @@ def _key(model: StripedHyena, rows: list[int], blocks: list[int]) -> str:
     """What the measurement depends on: the model (config and a weight fingerprint), device,
     dtype, threads, torch and the grid."""
     p = next(model.parameters())
-    fingerprint = [float(t.detach().flatten()[:4].double().sum()) for t in model.parameters()][:16]
+    fingerprint = [float(t.detach().flatten()[:4].double().sum())
+                   for t in itertools.islice(model.parameters(), 16)]
     ident = {"config": repr(model.config), "parameters": model.num_parameters(),
              "weights": fingerprint, "device": str(p.device),
              "device_name": (torch.cuda.get_device_name(p.device) if p.device.type == "cuda"
