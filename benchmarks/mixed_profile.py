@@ -13,6 +13,14 @@ pass, the acceptance rule, commit and the drafter's bookkeeping, rows joining an
 per operator class (projections, attention, Hyena convolutions and recurrences, state copies,
 element-wise work) from torch.profiler. The sections are timed by wrapping the decoder's and
 the model's methods in `record_function` ranges; nothing in the engine changes.
+
+Each run also reports its tokens/s without its prefills (`decode_tokens_per_s`), the peak
+resident memory it added (`peak_rss_mib`, sampled every 5 ms, against the `generate` memory
+check's estimate for that batch, `estimate_mib`), and, with `--native`, single-stream native
+decoding of one sample per record (the same prompts and tokens per job), from which the whole
+run's speedup over single-stream native decoding of all its jobs is derived (the record's
+prefill once, its decoding per sample: native decoding's cost per token does not depend on the
+sample).
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -121,6 +130,46 @@ def classify(name: str) -> str:
     return "other"
 
 
+def rss() -> int:
+    """This process's resident memory, bytes."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@contextlib.contextmanager
+def peak_rss():
+    """The peak resident memory while the block runs, above what it was before (a list that
+    holds it once the block ends)."""
+    base, peak, stop = rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss() - base)
+            time.sleep(0.005)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        t.join()
+
+
+def estimate(model, drafter, jobs, options: DecodeOptions, batch: int) -> int:
+    """What `generate`'s memory check estimates for this batch (model excluded)."""
+    from evspark_cli.decode.batch import dense_layout
+    from evspark_cli.model.memory import run_memory
+
+    spec = drafter is not None
+    longest = max(len(j.prompt) for j in jobs)
+    needs = None if dense_layout(model) else [options.row_capacity(len(j.prompt), spec) + 1
+                                              for j in jobs]
+    dtype = next(model.parameters()).dtype
+    est = run_memory(model.config, dtype, dtype, options.row_capacity(longest, spec) + 1,
+                     options.block(spec), batch, with_parameters=False, needs=needs)
+    return est.total(min(batch, len(jobs)))
+
+
 def one_run(model, drafter, records: list[Record], options: DecodeOptions, batch: int,
             with_profile: bool) -> dict:
     jobs = build_jobs(records, options)
@@ -128,13 +177,16 @@ def one_run(model, drafter, records: list[Record], options: DecodeOptions, batch
     prof_ctx = (profile(activities=[ProfilerActivity.CPU]) if with_profile
                 else contextlib.nullcontext())
     t0 = time.perf_counter()
-    with sections(), prof_ctx as prof:
+    with peak_rss() as peak, sections(), prof_ctx as prof:
         outs = list(run.outcomes(jobs))
     seconds = time.perf_counter() - t0
     tokens = sum(len(o.output.tokens) for o in outs if o.output is not None)
+    prefill = sum(o.output.result.prefill_s for o in outs if o.output)
     row = {"batch": batch, "jobs": len(jobs), "tokens": tokens, "seconds": round(seconds, 3),
-           "tokens_per_s": round(tokens / seconds, 1),
-           "prefill_s": round(sum(o.output.result.prefill_s for o in outs if o.output), 3)}
+           "tokens_per_s": round(tokens / seconds, 1), "prefill_s": round(prefill, 3),
+           "decode_tokens_per_s": round(tokens / max(seconds - prefill, 1e-9), 1),
+           "peak_rss_mib": round(peak[0] / 2**20, 1),
+           "estimate_mib": round(estimate(model, drafter, jobs, options, batch) / 2**20, 1)}
     if prof is not None:
         by_section: dict[str, float] = {}
         by_class: dict[str, float] = defaultdict(float)
@@ -169,6 +221,8 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=12)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--no-profile", action="store_true", help="timings only (no profiler cost)")
+    ap.add_argument("--native", action="store_true",
+                    help="also single-stream native decoding of one sample per record")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.threads:
@@ -196,21 +250,46 @@ def main() -> None:
         for batch in (a.batch_size, 1):
             # batch 1 is timed without the profiler: its many small operators would fill memory
             # with events (and it is the reference for the speed, not the subject of the profile)
-            row = one_run(model, drafter, records, options, batch,
-                          not a.no_profile and batch > 1)
+            row = one_run(model, drafter, records, options, batch, False)
+            if not a.no_profile and batch > 1:  # the breakdown from a second, profiled run
+                # (the profiler slows a run down: the timings above are from a run without it)
+                prof = one_run(model, drafter, records, options, batch, True)
+                row["profiled"] = {k: prof[k] for k in ("seconds", "sections_s",
+                                                         "operator_classes_s", "operator_share",
+                                                         "python_and_dispatch_s")}
             result["runs"][f"{name}/b{batch}"] = row
             print(f"{name} batch {batch}: {row['tokens_per_s']} tok/s "
                   f"({row['tokens']} tokens in {row['seconds']} s, prefill "
                   f"{row['prefill_s']} s)", flush=True)
     runs = result["runs"]
     b = a.batch_size
+    if a.native:  # one sample per record, natively, at batch 1
+        one = DecodeOptions(a.tokens, a.gamma, 1.0, 4, 1.0, seed=0, samples=1)
+        for name, prompts in sets.items():
+            records = [Record.named(i, s, vocab) for i, s in prompts]
+            row = one_run(model, None, records, one, 1, False)
+            decode_s = row["seconds"] - row["prefill_s"]
+            # every job of the run: the records' prefills once, each sample's decoding
+            row["all_jobs_seconds"] = round(row["prefill_s"] + a.samples * decode_s, 3)
+            runs[f"{name}/native-b1"] = row
+            print(f"{name} native batch 1: {row['tokens_per_s']} tok/s", flush=True)
     result["summary"] = {
         "mixed_batch_gain": round(runs[f"mixed/b{b}"]["tokens_per_s"]
                                   / runs["mixed/b1"]["tokens_per_s"], 3),
         "equal_batch_gain": round(runs[f"equal/b{b}"]["tokens_per_s"]
                                   / runs["equal/b1"]["tokens_per_s"], 3),
         "mixed_over_equal_at_batch": round(runs[f"mixed/b{b}"]["tokens_per_s"]
-                                           / runs[f"equal/b{b}"]["tokens_per_s"], 3)}
+                                           / runs[f"equal/b{b}"]["tokens_per_s"], 3),
+        "mixed_over_equal_decoding_only": round(
+            runs[f"mixed/b{b}"]["decode_tokens_per_s"]
+            / runs[f"equal/b{b}"]["decode_tokens_per_s"], 3),
+        "mixed_peak_over_estimate": round(runs[f"mixed/b{b}"]["peak_rss_mib"]
+                                          / runs[f"mixed/b{b}"]["estimate_mib"], 3)}
+    if a.native:
+        for name in sets:
+            result["summary"][f"{name}_over_single_stream_native"] = round(
+                runs[f"{name}/native-b1"]["all_jobs_seconds"] / runs[f"{name}/b{b}"]["seconds"],
+                3)
     print(json.dumps(result["summary"]), flush=True)
     result["provenance"] = provenance(" ".join(sys.argv))
     if a.out:

@@ -43,10 +43,16 @@ def _single_row_run(model, b: int, reserve: int, prompts=PROMPTS):
     return logits, st
 
 
-def _batch_run(model, reserve: int, poisoned: bool = False, prompts=PROMPTS):
+def _batch_run(model, reserve: int, poisoned: bool = False, prompts=PROMPTS,
+               dense: bool = False):
+    """The rounds on a batch of every prompt; `dense`: its KV caches in the dense layout (one
+    tensor per cache, as recorded graphs need), else rows in size classes."""
     seqs = [_tokens(b, prompts[b] + 40) for b in range(len(prompts))]
     rows = [model.prefill(s[:, :n], reserve=reserve)[2] for s, n in zip(seqs, prompts)]
     st = InferenceState.cat(rows)
+    if dense:
+        for c in st.caches():
+            c.reserve(max(prompts) + reserve)
     assert st.lengths == prompts
     pos, logits, hits = list(prompts), [], 0
     for k, js in ROUNDS:
@@ -105,7 +111,8 @@ def test_a_poisoned_row_leaves_the_others_alone(models, name):
     for t in st.fixed():
         t[1] = float("nan")
     for c in st.caches():
-        c.k[1], c.v[1] = float("nan"), float("nan")
+        for t in c.row(1):
+            t.fill_(float("nan"))
     k, js = ROUNDS[1]
     ids = torch.cat([s[:, p: p + k] for s, p in zip(seqs, PROMPTS)])
     lg, _, _ = model.extend(st.select(range(4)), ids)  # (a copy: the state above is poisoned)
@@ -209,7 +216,7 @@ def test_recorded_static_form_takes_ragged_rows(models, name):
     logits_eager, st_eager, _ = _batch_run(model, reserve=40)
     model.use_graphs("eager")
     try:
-        logits_graph, st_graph, _ = _batch_run(model, reserve=40)
+        logits_graph, st_graph, _ = _batch_run(model, reserve=40, dense=True)
         assert model.graphs is not None and model.graphs.replays > 0
     finally:
         model.use_graphs(None)

@@ -301,8 +301,8 @@ def poison(state: InferenceState) -> int:
     for s in state.layers:
         if isinstance(s, KVState):
             for b, length in enumerate(s.lengths):
-                s.cache.k[b, :, length:] = float("nan")
-                s.cache.v[b, :, length:] = float("nan")
+                for t in s.cache.row(b):
+                    t[:, length:] = float("nan")
             n += 1
         else:
             assert isinstance(s, HyenaState)
@@ -519,7 +519,7 @@ def held_bytes(state: InferenceState) -> int:
     seen: dict[int, int] = {}
     for s in state.layers:
         if isinstance(s, KVState):
-            ts = [s.cache.k, s.cache.v]
+            ts = [t for shelf in s.cache.shelves for t in (shelf.k, shelf.v)]
         else:
             ts = [s.feat.buf, s.inner.sigma if hasattr(s.inner, "sigma") else s.inner.buf]
         for t in ts:

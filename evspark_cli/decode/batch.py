@@ -52,6 +52,12 @@ def nonfinite_error(position: int, label: str) -> RunError:
     return RunError(f"{where}position {position}: the model produced NaN or inf logits")
 
 
+def dense_layout(model: StripedHyena) -> bool:
+    """Whether the decoder keeps its rows' KV in the dense layout (kvcache.py): on a GPU, or
+    with recorded graphs, which replay fixed shapes; a CPU run keeps rows in size classes."""
+    return model.device.type != "cpu" or model.graphs is not None
+
+
 @dataclass
 class _Row:
     """A live row: its job, the anchor (newest token not yet fed) and what it produced."""
@@ -75,10 +81,12 @@ class BatchDecoder:
                  on_round: Callable[[RoundReport], None] | None = None,
                  capacity: int | None = None, adaptive: bool = False) -> None:
         """`capacity`: KV positions to reserve per row when the first batch is built (the run's
-        longest prompt + new tokens + a block), so the caches never grow mid-run; None grows
-        them by doubling as rows need. `adaptive`: choose each round's draft length by
-        confidence (`schedule.py`), where the rule makes the output independent of it (greedy,
-        coupled); elsewhere every round drafts `gamma`."""
+        longest prompt + new tokens + a block), so the caches never grow mid-run: the dense
+        layout (kvcache.py) that recorded graphs replay and a GPU prefers, taken on a GPU or
+        with graphs. On a CPU each row keeps the capacity its prefill reserved, in its size
+        class, so one long prompt does not cost every row its memory. `adaptive`: choose each
+        round's draft length by confidence (`schedule.py`), where the rule makes the output
+        independent of it (greedy, coupled); elsewhere every round drafts `gamma`."""
         if rollback not in ROLLBACKS:
             raise InputError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
         if batch_size < 1:
@@ -87,7 +95,8 @@ class BatchDecoder:
         self.gamma = gamma if drafter is not None else 0
         self.batch_size, self.rollback = batch_size, rollback
         self.track_margins = track_margins
-        self.capacity = capacity
+        self.dense = dense_layout(model)
+        self.capacity = capacity if self.dense else None
         self.on_round = on_round
         self.mode = "speculative" if drafter is not None else "native"
         self.on_gpu = model.device.type != "cpu"
@@ -342,9 +351,9 @@ class BatchDecoder:
         new_draft = self.drafter.rows(contexts) if self.drafter is not None else None
         if self.state is None:
             assert slots == list(range(len(rows)))
-            if self.capacity is not None:
+            if self.dense:  # one tensor per cache, at least every row's capacity
                 for c in new_state.caches():
-                    c.reserve(self.capacity)
+                    c.reserve(self.capacity or 0)
             self.state, self.rows, self.draft = new_state, rows, new_draft
             return
         self.state = self.state.place(slots, new_state)

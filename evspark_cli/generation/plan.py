@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..decode.batch import dense_layout
 from ..decode.drafters.base import Drafter
 from ..decode.drafters.registry import resolve_drafter
 from ..decode.jobs import Job
@@ -46,12 +47,17 @@ def plan_batch(model: StripedHyena, jobs: Sequence[Job], options: DecodeOptions,
     rows = max(1, min(want, len(jobs)))
     block = options.block(drafter is not None)
     longest = max((len(j.prompt) for j in jobs), default=1)
-    context = options.row_capacity(longest, drafter is not None) + 1  # + the block's anchor
+    speculative = drafter is not None
+    context = options.row_capacity(longest, speculative) + 1  # + the block's anchor
+    # rows in size classes (a CPU run): each row's own need; else every row at the longest
+    needs = None if dense_layout(model) else [
+        options.row_capacity(len(j.prompt), speculative) + 1 for j in jobs]
     weights = next(model.parameters()).dtype
     loaded = sum(p.numel() * p.element_size() for p in model.parameters())
     budget = run_budget(model.device, max_memory, loaded)
     if batch_size is None and budget.bytes is not None:
-        fits = largest_batch(model.config, weights, weights, context, block, budget.bytes)
+        fits = largest_batch(model.config, weights, weights, context, block, budget.bytes,
+                             needs=needs)
         rows = max(1, min(rows, fits))
-    check_batch_fits(model.config, weights, weights, rows, context, block, budget)
+    check_batch_fits(model.config, weights, weights, rows, context, block, budget, needs=needs)
     return rows

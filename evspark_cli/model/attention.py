@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .kvcache import AttentionCall
 from .layers import Derived, ResidualBlock, linear
 from .state import (
     KVCache,
@@ -15,7 +16,6 @@ from .state import (
     KVState,
     KVStaticWrite,
     Lengths,
-    attention_groups,
     positions_index,
     same_position,
 )
@@ -143,25 +143,28 @@ def attend_block(q: Tensor, cache: KVCache, t0: Lengths) -> Tensor:
     """Queries of row b at positions t0[b]..t0[b]+k-1 over that row's keys 0..t0[b]+k-1 (causal
     inside the block).
 
-    Rows at different positions attend in groups of consecutive rows
-    (`state.attention_groups`): a group at one position attends as a single row does; a group
-    at nearby positions in one call over its furthest row's keys, with the keys a row has not
-    written masked; a row far from its neighbours alone. A batch of prompts of very different
-    lengths then costs what its rows need, not every row the longest row's keys."""
+    The cache says which rows attend together (`KVCache.calls`): per size class of rows, runs of
+    rows at nearby positions share one call over their furthest row's keys (the keys a row has
+    not written masked); a run at one position attends as a single row does. A batch of prompts
+    of very different lengths then costs what its rows need, not every row the longest row's
+    keys."""
     k = q.shape[2]
-    if same_position(t0):
-        t = t0[0]
-        return attend(q, cache.k[:, :, : t + k], cache.v[:, :, : t + k], t)
-    outs = []
-    for start, end in attention_groups(t0):
-        ts, rows = t0[start:end], slice(start, end)
-        hi = max(ts) + k
-        keys, vals = cache.k[rows, :, :hi], cache.v[rows, :, :hi]
-        if same_position(ts):
-            outs.append(attend(q[rows], keys, vals, ts[0]))
+    calls = cache.calls(t0, k)
+    if len(calls) == 1 and isinstance(calls[0].rows, slice):  # every row in one call
+        return _attend_call(q, calls[0])
+    out = torch.empty_like(q)
+    for c in calls:
+        if isinstance(c.rows, slice):
+            out[c.rows] = _attend_call(q[c.rows], c)
         else:
-            outs.append(_attend_ragged(q[rows], keys, vals, ts))
-    return torch.cat(outs) if len(outs) > 1 else outs[0]
+            out.index_copy_(0, c.rows, _attend_call(q.index_select(0, c.rows), c))
+    return out
+
+
+def _attend_call(q: Tensor, c: AttentionCall) -> Tensor:
+    if same_position(c.t0):
+        return attend(q, c.keys, c.vals, c.t0[0])
+    return _attend_ragged(q, c.keys, c.vals, c.t0)
 
 
 def attend(q: Tensor, keys: Tensor, vals: Tensor, t: int) -> Tensor:
@@ -169,6 +172,9 @@ def attend(q: Tensor, keys: Tensor, vals: Tensor, t: int) -> Tensor:
     k = q.shape[2]
     if k == 1:
         return F.scaled_dot_product_attention(q, keys, vals)
+    if t == 0 and k > MASKED_BLOCK:  # a prompt's first chunk: causal over its own keys only,
+        # which the flash kernel does without a mask (2.2x faster than masked slices at 8k)
+        return F.scaled_dot_product_attention(q, keys, vals, is_causal=True)
     if t >= SPLIT_MIN_PREFIX and _flash_lse is not None and q.device.type == "cpu":
         return _attend_split(q, keys, vals, t)
     if (k <= MASKED_BLOCK and t < SPLIT_MIN_PREFIX and q.device.type == "cpu"

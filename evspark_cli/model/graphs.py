@@ -100,7 +100,7 @@ class GraphRunner:
             return False
         if self.backend == "cuda" and ids.device.type != "cuda":
             return False
-        return all(max(state.lengths) + k <= c.capacity for c in state.caches())
+        return all(c.dense and max(state.lengths) + k <= c.capacity for c in state.caches())
 
     def extend(self, state: InferenceState, ids: Tensor) -> tuple[Tensor, Tensor, Block]:
         state.check()  # a stale branch fails here exactly as in eager extend

@@ -34,6 +34,7 @@ from .state import (
     ModalInputs,
     ModalSigmas,
     ModalState,
+    pole_powers,
 )
 
 SHORT_BLOCK = 64  # blocks up to this length: LI states by the step recurrence (inference) or a
@@ -202,21 +203,20 @@ class HyenaFilter(nn.Module):
         return self._memo("p1", (self.log_poles,), lambda: torch.exp(self.poles()[0]))
 
     def li_impulse(self, n: int) -> Tensor:
-        """h[d, t] = sum_s R[d, s] exp(lambda[d, s] t) for t < n, built in chunks (no D x S x L).
+        """h[d, t] = sum_s R[d, s] exp(lambda[d, s] t) for t < n, from `pole_powers` factors.
 
         Cached in inference as one (D, n_max) tensor: every prefill chunk slices a prefix of it."""
 
-        def build(m: int) -> Tensor:
+        def build(m: int) -> Tensor:  # h[d, a c + r] = sum_s R p^(a c) p^r (`pole_powers`)
             lam, R = self.poles()
-            out = []
-            for s in range(0, m, 4096):
-                t = torch.arange(s, min(m, s + 4096), device=lam.device, dtype=torch.float32)
-                out.append(torch.einsum("ds,dst->dt", R, torch.exp(lam[..., None] * t)))
-            return torch.cat(out, dim=-1)
+            low, high = pole_powers(lam, m)
+            h = torch.einsum("dsa,dsr->dar", R[..., None] * high, low)
+            return h.reshape(h.shape[0], -1)[:, :m].contiguous()
 
-        # a longer chunk than any before rebuilds it at exactly that length
-        h = self._derived.covering("impulse", (self.log_poles, self.residues), n, build,
-                                   grow=lambda have: n)
+        # built at powers of two: a run of ever longer prompts rebuilds it log2 times, not each
+        m = 1 << max(0, n - 1).bit_length()
+        h = self._derived.covering("impulse", (self.log_poles, self.residues), m, build,
+                                   grow=lambda have: m)
         return h[:, :n]
 
     def li_toeplitz(self, k: int) -> tuple[Tensor, Tensor]:
@@ -310,12 +310,11 @@ class HyenaFilter(nn.Module):
 
     @staticmethod
     def _decayed_state_output(sigma0: Tensor, lam: Tensor, R: Tensor, k: int) -> Tensor:
-        """sum_s R_s p_s^j sigma0_s for j = 1..k, in chunks."""
-        out = []
-        for s in range(0, k, 4096):
-            t = torch.arange(s + 1, min(k, s + 4096) + 1, device=lam.device, dtype=torch.float32)
-            out.append(torch.einsum("bds,ds,dst->bdt", sigma0, R, torch.exp(lam[..., None] * t)))
-        return torch.cat(out, dim=-1)
+        """sum_s R_s p_s^j sigma0_s for j = 1..k (the powers as `pole_powers` factors)."""
+        low, high = pole_powers(lam, k + 1)  # p^j = p^(a c) p^r, j = 1..k
+        scaled = (sigma0 * R)[..., None] * high  # (B, D, S, A)
+        out = torch.einsum("bdsa,dsr->bdar", scaled, low)
+        return out.reshape(*out.shape[:2], -1)[..., 1: k + 1]
 
     def empty_inner(self, batch: int, device) -> FIRWindow | ModalState:
         if self.kind == "hcl":

@@ -22,11 +22,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 from ..errors import InputError, ModelError, SettingError, literal
 from .config import ModelConfig
+from .kvcache import class_layout_bytes
 
 FP32 = 4
 
@@ -100,27 +102,40 @@ def prefill_bytes(cfg: ModelConfig, chunk: int) -> int:
 
 @dataclass(frozen=True)
 class RunMemory:
-    """The estimate for a run: parameters, rows of state at a context, and transients."""
+    """The estimate for a run: parameters, rows of state, and transients.
+
+    Dense layout (`needs` None): every row at the run's longest context, `per_row` each. Class
+    layout (kvcache.py, CPU): each row its fixed state (`fixed_row`) plus its own KV need, the
+    r rows being the r largest `needs` (the worst batch the run can hold), in shelves."""
 
     parameters: int
     per_row: int
     transient: int
+    fixed_row: int = 0
+    kv_position: int = 0
+    needs: tuple[int, ...] | None = None  # each job's KV positions, largest first
 
     def total(self, rows: int) -> int:
-        return self.parameters + rows * self.per_row + self.transient
+        if self.needs is None:
+            return self.parameters + rows * self.per_row + self.transient
+        held, growth = class_layout_bytes(self.needs[:rows], self.kv_position)
+        return self.parameters + rows * self.fixed_row + held + growth + self.transient
 
 
 def run_memory(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dtype,
-               context: int, block: int, rows: int = 1, with_parameters: bool = True
-               ) -> RunMemory:
-    """Memory of decoding `rows` rows of up to `context` positions with blocks of `block`."""
+               context: int, block: int, rows: int = 1, with_parameters: bool = True,
+               needs: Sequence[int] | None = None) -> RunMemory:
+    """Memory of decoding `rows` rows of up to `context` positions with blocks of `block`;
+    with `needs` (each job's KV positions), rows in the class layout (`RunMemory`)."""
     item = torch.empty((), dtype=weight_dtype).element_size()
     params = parameter_count(cfg) * item if with_parameters else 0
     # a row's state; plus, once per run, the prompt being prefilled and its fork (2 more rows)
-    per_row = fixed_state_bytes(cfg) + kv_bytes_per_token(cfg, act_dtype) * context
+    fixed, per_position = fixed_state_bytes(cfg), kv_bytes_per_token(cfg, act_dtype)
+    per_row = fixed + per_position * context
     transient = (2 * per_row + block_bytes(cfg, rows, block)
                  + prefill_bytes(cfg, min(cfg.prefill_chunk, max(context, 1))))
-    return RunMemory(params, per_row, transient)
+    return RunMemory(params, per_row, transient, fixed, per_position,
+                     None if needs is None else tuple(sorted(needs, reverse=True)))
 
 
 def _limits(device: torch.device | str = "cpu") -> list[tuple[int, str]]:
@@ -301,19 +316,22 @@ def gib(n: int) -> str:
 
 def check_batch_fits(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dtype,
                      rows: int, context: int, block: int, budget: int | Budget | None,
-                     loaded: bool = True) -> None:
+                     loaded: bool = True, needs: Sequence[int] | None = None) -> None:
     """Refuse (InputError, one line) a batch whose state at `context` would not fit in `budget`
     (bytes, or a `Budget` that names its limit), naming the largest batch that fits. `loaded`:
-    the parameters are already in memory (and so already out of `budget`)."""
+    the parameters are already in memory (and so already out of `budget`). `needs`: each job's
+    KV positions, for rows in the class layout (`RunMemory`)."""
     if not isinstance(budget, Budget):
         budget = Budget(budget)
     if budget.bytes is None:
         return
-    est = run_memory(cfg, weight_dtype, act_dtype, context, block, rows, with_parameters=not loaded)
+    est = run_memory(cfg, weight_dtype, act_dtype, context, block, rows,
+                     with_parameters=not loaded, needs=needs)
     need = est.total(rows)
     if need <= budget.bytes:
         return
-    fits = largest_batch(cfg, weight_dtype, act_dtype, context, block, budget.bytes, loaded)
+    fits = largest_batch(cfg, weight_dtype, act_dtype, context, block, budget.bytes, loaded,
+                         needs)
     hint = (f"the largest batch that fits is {fits} ({{1}} {fits})" if fits
             else "not even one row fits: use a shorter {2} or fewer tokens")
     limit = "is available" if budget.source == "available memory" else f"({budget.named(0)})"
@@ -323,11 +341,12 @@ def check_batch_fits(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: tor
 
 
 def largest_batch(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dtype,
-                  context: int, block: int, budget: int, loaded: bool = True) -> int:
+                  context: int, block: int, budget: int, loaded: bool = True,
+                  needs: Sequence[int] | None = None) -> int:
     """The largest number of rows whose estimate fits in `budget` (0 if none)."""
     lo, hi = 0, 1
     fits = lambda r: run_memory(cfg, weight_dtype, act_dtype, context, block, r,  # noqa: E731
-                                with_parameters=not loaded).total(r) <= budget
+                                with_parameters=not loaded, needs=needs).total(r) <= budget
     while fits(hi) and hi < 1 << 20:
         lo, hi = hi, hi * 2
     while hi - lo > 1:

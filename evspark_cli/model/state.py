@@ -29,14 +29,20 @@ them. ``clone()`` gives an independent deep copy (the snapshot-and-replay baseli
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence, Union
 
 import torch
 from torch import Tensor
 
-Lengths = tuple[int, ...]  # tokens fed so far, one per row
+from .kvcache import (  # noqa: F401 - re-exported: the cache's storage lives in kvcache.py
+    ROW_CALL_KEYS,
+    KVCache,
+    attention_groups,
+    size_class,
+)
+from .rows import Lengths, positions_index, row_index, same_position  # noqa: F401
+
 RowCommit = Union[int, Sequence[int], Tensor]  # one j for every row, or one per row
 
 
@@ -52,19 +58,10 @@ def as_lengths(j: RowCommit, batch: int) -> Lengths:
     return out
 
 
-def same_position(lengths: Lengths) -> bool:
-    """Every row at the same position (the common case: one fast path per operation)."""
-    return lengths.count(lengths[0]) == len(lengths)
-
-
-def _index(rows: Sequence[int], device: torch.device) -> Tensor:
-    return torch.as_tensor(list(rows), dtype=torch.long, device=device)
-
-
 def put_rows(t: Tensor, slots: Sequence[int], src: Tensor) -> Tensor:
     """A copy of t (B, ...) whose rows `slots` are src's rows, in order."""
     out = t.clone()
-    out[_index(slots, t.device)] = src.to(t.dtype)
+    out[row_index(slots, t.device)] = src.to(t.dtype)
     return out
 
 
@@ -74,7 +71,7 @@ def swap_remove(t: Tensor, row: int) -> Tensor:
     keep = list(range(last))
     if row != last:
         keep[row] = last
-    return t.index_select(0, _index(keep, t.device))
+    return t.index_select(0, row_index(keep, t.device))
 
 
 # ----------------------------------------------------------------------------------------- FIR
@@ -106,7 +103,7 @@ class FIRWindow:
         return FIRPending(next(it), self.buf.shape[-1])
 
     def select(self, rows: Sequence[int]) -> "FIRWindow":
-        return FIRWindow(self.buf.index_select(0, _index(rows, self.buf.device)))
+        return FIRWindow(self.buf.index_select(0, row_index(rows, self.buf.device)))
 
     def place(self, slots: Sequence[int], other: "FIRWindow") -> "FIRWindow":
         return FIRWindow(put_rows(self.buf, slots, other.buf))
@@ -132,7 +129,7 @@ class FIRPending:
             # a view for verification blocks; a copy when a long (prefill) buffer would stay pinned
             return FIRWindow(w.clone() if self.widened.shape[-1] > 2 * self.width + 64 else w)
         B, C, _ = self.widened.shape
-        cols = _index(j, self.widened.device)[:, None] + torch.arange(self.width,
+        cols = row_index(j, self.widened.device)[:, None] + torch.arange(self.width,
                                                                     device=self.widened.device)
         return FIRWindow(self.widened.gather(-1, cols[:, None, :].expand(B, C, self.width)))
 
@@ -164,7 +161,7 @@ class ModalState:
         return ModalSigmas(next(it))
 
     def select(self, rows: Sequence[int]) -> "ModalState":
-        return ModalState(self.sigma.index_select(0, _index(rows, self.sigma.device)))
+        return ModalState(self.sigma.index_select(0, row_index(rows, self.sigma.device)))
 
     def place(self, slots: Sequence[int], other: "ModalState") -> "ModalState":
         return ModalState(put_rows(self.sigma, slots, other.sigma))
@@ -189,7 +186,7 @@ class ModalSigmas:
         if same_position(j):
             return ModalState(self.sigmas[..., j[0] - 1])
         rows = torch.arange(len(j), device=self.sigmas.device)
-        return ModalState(self.sigmas[rows, :, :, _index(j, self.sigmas.device) - 1])
+        return ModalState(self.sigmas[rows, :, :, row_index(j, self.sigmas.device) - 1])
 
     def outputs(self) -> list[Tensor]:
         return [self.sigmas]
@@ -220,18 +217,34 @@ class ModalInputs:
 ModalPending = Union[ModalSigmas, ModalInputs]  # a Hyena-LI layer's pending state
 
 
-def modal_state_after(sigma0: Tensor, w: Tensor, log_poles: Tensor, chunk: int = 2048) -> Tensor:
-    """sigma after feeding w (B, D, n): p^n sigma0 + sum_i p^(n-1-i) w_i, in chunks (bounded
-    memory)."""
-    n = w.shape[-1]
-    sigma = sigma0
-    for s in range(0, n, chunk):
-        wc = w[..., s: s + chunk]
-        m = wc.shape[-1]
-        expo = torch.arange(m - 1, -1, -1, device=w.device, dtype=torch.float32)
-        decay = torch.exp(log_poles[..., None] * expo)  # (D, S, m)
-        sigma = sigma * torch.exp(log_poles * m) + torch.einsum("dsm,bdm->bds", decay, wc)
-    return sigma
+POWER_STEP = 128  # pole_powers' split of an exponent: j = a * POWER_STEP + r
+
+
+def pole_powers(log_poles: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """p^j for j < n as two factors, p^r (D, S, c) for r < c and p^(a c) (D, S, A) for a < A
+    (c = POWER_STEP, A = ceil(n / c)): p^(a c + r) is their product. A sum over n positions
+    weighted by powers of the poles then takes D S (c + A) exponentials instead of D S n (a
+    third of an 8k prefill's time when formed whole)."""
+    c = POWER_STEP
+    A = -(-n // c)
+    r = torch.arange(c, device=log_poles.device, dtype=torch.float32)
+    a = torch.arange(A, device=log_poles.device, dtype=torch.float32) * c
+    return torch.exp(log_poles[..., None] * r), torch.exp(log_poles[..., None] * a)
+
+
+def modal_state_after(sigma0: Tensor, w: Tensor, log_poles: Tensor) -> Tensor:
+    """sigma after feeding w (B, D, n): p^n sigma0 + sum_i p^(n-1-i) w_i.
+
+    The newest input is weighed by p^0: with j = n-1-i = a c + r (`pole_powers`), the inputs
+    reversed and cut into A rows of c, the sum is sum_a p^(a c) sum_r p^r w[a, r]."""
+    B, D, n = w.shape
+    if n == 0:
+        return sigma0
+    low, high = pole_powers(log_poles, n)
+    c, A = low.shape[-1], high.shape[-1]
+    rev = torch.nn.functional.pad(w.flip(-1), (0, A * c - n)).view(B, D, A, c)
+    inner = torch.einsum("dsr,bdar->bdsa", low, rev)  # (B, D, S, A)
+    return sigma0 * torch.exp(log_poles * n) + (inner * high).sum(-1)
 
 
 # ------------------------------------------------------------------------------------ KV cache
@@ -239,182 +252,6 @@ def modal_state_after(sigma0: Tensor, w: Tensor, log_poles: Tensor, chunk: int =
 
 class StaleBlockError(RuntimeError):
     """A block or state whose KV rows a later extend (of another branch) overwrote."""
-
-
-NOT_WRITTEN = 1 << 62  # a write's start for a row it did not touch
-WRITE_HISTORY = 4096  # writes remembered for staleness checks (older states count as stale)
-
-
-class KVCache:
-    """Preallocated rotated keys and values (B, H, capacity, d_h), grown by doubling.
-
-    Head-major so that each head's live rows are one contiguous slab: a decode step's attention
-    streams them once (2.8x faster at 262k context on CPU than a (B, L, H, d_h) layout).
-
-    Rows below a row's length belong to the states of that length; rows above are scratch.
-    `version` counts writes and `starts` remembers, per write, the first position written in each
-    row, so that a block or state whose rows a later write overwrote cannot be used.
-    """
-
-    def __init__(self, batch: int, capacity: int, heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
-        self.k = torch.zeros(batch, heads, capacity, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
-        self.version = 0
-        self.starts: deque[Lengths] = deque(maxlen=WRITE_HISTORY)  # by version - 1 (recent ones)
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-    @property
-    def batch(self) -> int:
-        return self.k.shape[0]
-
-    def ensure(self, n: int) -> None:
-        """Room for positions 0..n-1 in every row (doubling, so growth is amortised)."""
-        if n > self.capacity:
-            self.reserve(max(n, 2 * self.capacity))
-
-    def reserve(self, cap: int) -> None:
-        """Exactly `cap` positions per row, when it holds fewer (one copy of the live rows)."""
-        if cap <= self.capacity:
-            return
-        self.k, self.v = _regrown(self.k, cap), _regrown(self.v, cap)
-
-    def write(self, t0: Lengths, k: Tensor, v: Tensor) -> int:
-        """Store k, v (B, H, n, d_h) at rows t0[b]..t0[b]+n-1 of each row; the new version."""
-        n = k.shape[2]
-        self.ensure(max(t0) + n)
-        if same_position(t0):
-            self.k[:, :, t0[0]: t0[0] + n] = k
-            self.v[:, :, t0[0]: t0[0] + n] = v
-        else:
-            b, pos = positions_index(t0, n, k.device)
-            self.k[b, :, pos] = k.transpose(1, 2)
-            self.v[b, :, pos] = v.transpose(1, 2)
-            for start, end in attention_groups(t0):
-                if not same_position(t0[start:end]):
-                    self._clear_past_blocks(start, t0[start:end], n)
-        return self.note_write(t0)
-
-    def _clear_past_blocks(self, start: int, t0: Lengths, n: int) -> None:
-        """Zero, in rows start.. (a group of rows that attend in one call), each row's
-        positions from the end of its block to the end of the group's furthest row's: that call
-        reads them with weight exactly 0, and 0 * (finite) is 0 where leftover NaN or inf (a
-        failed row's) would not be. They are scratch of this write (no state of this or a later
-        version may hold them)."""
-        lo, hi = min(t0) + n, max(t0) + n
-        rows = slice(start, start + len(t0))
-        past = torch.arange(lo, hi, device=self.k.device)[None, :] >= (
-            _index(t0, self.k.device)[:, None] + n)  # (rows, hi - lo)
-        self.k[rows, :, lo:hi].masked_fill_(past[:, None, :, None], 0)
-        self.v[rows, :, lo:hi].masked_fill_(past[:, None, :, None], 0)
-
-    def note_write(self, t0: Lengths) -> int:
-        """Record that each row b was (re)written from t0[b] up; returns the new version."""
-        self.version += 1
-        self.starts.append(tuple(t0))
-        return self.version
-
-    def intact(self, lengths: Lengths, since: int) -> bool:
-        """True when no write after version `since` touched a row below its length."""
-        later = self.version - since
-        if later == 0:
-            return True
-        if later > len(self.starts):
-            return False  # older than the history kept: cannot vouch for it
-        recent = list(self.starts)[len(self.starts) - later:]
-        return all(s >= n for starts in recent for s, n in zip(starts, lengths))
-
-    def copy(self, rows: Sequence[int], lengths: Lengths, capacity: int | None = None
-             ) -> "KVCache":
-        """A new cache holding `rows` of this one (repeats allowed) up to their lengths."""
-        cap = max(capacity or self.capacity, max(lengths, default=0))
-        c = KVCache.__new__(KVCache)
-        c.version, c.starts = 0, deque(maxlen=WRITE_HISTORY)
-        idx = _index(rows, self.k.device)
-        keep = min(max(lengths, default=0), self.capacity)
-        c.k = _rows_copied(self.k, idx, lengths, cap, keep)
-        c.v = _rows_copied(self.v, idx, lengths, cap, keep)
-        return c
-
-    def put(self, slots: Sequence[int], src: "KVCache", lengths: Lengths) -> None:
-        """Write src's rows 0.. (up to `lengths`) into rows `slots` of this cache, in place."""
-        self.ensure(max(lengths, default=0))
-        for slot, b, n in zip(slots, range(src.batch), lengths):
-            self.k[slot, :, :n] = src.k[b, :, :n]
-            self.v[slot, :, :n] = src.v[b, :, :n]
-            self.k[slot, :, n:] = 0  # the previous row's leftovers: zero, like a new cache
-            self.v[slot, :, n:] = 0
-        starts = [NOT_WRITTEN] * self.batch
-        for slot in slots:
-            starts[slot] = 0
-        self.note_write(tuple(starts))
-
-    def remove(self, row: int, length_of_last: int) -> "KVCache":
-        """This cache without `row`: the last row's first `length_of_last` positions move into
-        its place, in place, and the result views the first B-1 rows of the same storage."""
-        last = self.batch - 1
-        if row != last:
-            n = length_of_last
-            self.k[row, :, :n] = self.k[last, :, :n]
-            self.v[row, :, :n] = self.v[last, :, :n]
-            self.k[row, :, n:] = 0
-            self.v[row, :, n:] = 0
-        self.note_write((0,) * self.batch)  # every earlier state of this cache is now stale
-        c = KVCache.__new__(KVCache)
-        c.k, c.v = self.k[:last], self.v[:last]
-        c.version, c.starts = 0, deque(maxlen=WRITE_HISTORY)
-        return c
-
-
-def _regrown(old: Tensor, cap: int) -> Tensor:
-    """A (B, H, cap, d_h) copy of a cache tensor's rows, zeros past its old capacity."""
-    new = old.new_zeros(old.shape[0], old.shape[1], cap, old.shape[3])
-    new[:, :, : old.shape[2]] = old
-    return new
-
-
-def _rows_copied(src: Tensor, idx: Tensor, lengths: Lengths, cap: int, keep: int) -> Tensor:
-    """Rows `idx` of a cache tensor, (n, H, cap, d_h), each kept up to its length: a copied
-    row's scratch is zero, as in a new cache."""
-    new = src.new_zeros(len(idx), src.shape[1], cap, src.shape[3])
-    new[:, :, :keep] = src.index_select(0, idx)[:, :, :keep]
-    for b, n in enumerate(lengths):
-        new[b, :, n:keep] = 0
-    return new
-
-
-ROW_CALL_KEYS = 512  # what one more attention call costs, in keys attended (CPU, measured)
-
-
-def attention_groups(t0: Lengths) -> list[tuple[int, int]]:
-    """Runs of consecutive rows [start, end) that attend in one call (attention.py).
-
-    A run shares one call over its furthest row's keys, with the keys a row has not written
-    masked, as long as the keys it wastes on the rows behind cost less than the calls it saves
-    (a call costs about ROW_CALL_KEYS keys). A record's samples sit in consecutive rows at
-    nearby positions, so a batch of a few records' samples attends in a few calls, where one
-    call over every row would pay the longest prompt's keys for all of them."""
-    groups, start, hi, total = [], 0, t0[0], t0[0]
-    for b in range(1, len(t0) + 1):
-        if b < len(t0):
-            n, new_hi = b - start + 1, max(hi, t0[b])
-            if n * new_hi - (total + t0[b]) <= ROW_CALL_KEYS * (n - 1):
-                hi, total = new_hi, total + t0[b]
-                continue
-        groups.append((start, b))
-        if b < len(t0):
-            start, hi, total = b, t0[b], t0[b]
-    return groups
-
-
-def positions_index(t0: Lengths, k: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(rows (B, 1), positions (B, k)) indexing positions t0[b]..t0[b]+k-1 of each row."""
-    start = _index(t0, device)
-    return (torch.arange(len(t0), device=device)[:, None],
-            start[:, None] + torch.arange(k, device=device))
 
 
 @dataclass(frozen=True)
@@ -439,7 +276,7 @@ class KVState:
         return self
 
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.cache.k[0, :, 0].numel() * self.cache.k.element_size()
+        return self.cache.bytes_per_position()
 
     def caches(self) -> list[KVCache]:
         return [self.cache]
@@ -457,9 +294,17 @@ class KVState:
         """Keys and values up to the lengths in vortex's cache layout (B, L, H, d_h); rows at
         different positions padded with zeros."""
         n = max(self.lengths)
-        k, v = self.cache.k[:, :, :n], self.cache.v[:, :, :n]
+        if self.cache.dense:
+            k, v = self.cache.k[:, :, :n], self.cache.v[:, :, :n]
+        else:  # views for one row (tests perturb them in place), a copy for several
+            rows = [self.cache.row(b) for b in range(self.cache.batch)]
+            if len(rows) == 1:
+                k, v = rows[0][0][None, :, :n], rows[0][1][None, :, :n]
+            else:
+                k = torch.stack([kb[:, :n] for kb, _ in rows])
+                v = torch.stack([vb[:, :n] for _, vb in rows])
         if not same_position(self.lengths):
-            own = _index(self.lengths, k.device)[:, None]
+            own = row_index(self.lengths, k.device)[:, None]
             keep = torch.arange(n, device=k.device)[None, :] < own
             k, v = k * keep[:, None, :, None], v * keep[:, None, :, None]
         return {f"{name}.k": k.transpose(1, 2), f"{name}.v": v.transpose(1, 2)}
@@ -469,7 +314,7 @@ class KVState:
         return KVState(self.cache.copy(rows, lengths), lengths, 0)
 
     def place(self, slots: Sequence[int], other: "KVState") -> "KVState":
-        self.cache.put(slots, other.cache, other.lengths)
+        self.cache.put(slots, other.cache, other.lengths, self.lengths)
         lengths = list(self.lengths)
         for slot, n in zip(slots, other.lengths):
             lengths[slot] = n
@@ -480,20 +325,12 @@ class KVState:
         last = lengths.pop()
         if row < len(lengths):
             lengths[row] = last
-        return KVState(self.cache.remove(row, last), tuple(lengths), 0)
+        cache = self.cache.remove(row, self.lengths)
+        return KVState(cache, tuple(lengths), cache.version)
 
     @staticmethod
     def cat(parts: Sequence["KVState"]) -> "KVState":
-        caps = max(p.cache.capacity for p in parts)
-        first = parts[0].cache
-        cache = KVCache(sum(p.cache.batch for p in parts), caps, first.k.shape[1],
-                        first.k.shape[3], first.k.dtype, first.k.device)
-        row = 0
-        for p in parts:
-            for b, n in enumerate(p.lengths):
-                cache.k[row, :, :n] = p.cache.k[b, :, :n]
-                cache.v[row, :, :n] = p.cache.v[b, :, :n]
-                row += 1
+        cache = KVCache.cat([(p.cache, p.lengths) for p in parts])
         return KVState(cache, tuple(n for p in parts for n in p.lengths), 0)
 
 
