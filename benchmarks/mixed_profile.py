@@ -14,7 +14,8 @@ per operator class (projections, attention, Hyena convolutions and recurrences, 
 element-wise work) from torch.profiler. The sections are timed by wrapping the decoder's and
 the model's methods in `record_function` ranges; nothing in the engine changes.
 
-Each run also reports its tokens/s without its prefills (`decode_tokens_per_s`), the peak
+The mixed set also runs at the batch size in plain input order (`mixed/b32/input-order`),
+against the decoder's longest-prompt-first queue (generation/run.py). Each run also reports its tokens/s without its prefills (`decode_tokens_per_s`), the peak
 resident memory it added (`peak_rss_mib`, sampled every 5 ms, against the `generate` memory
 check's estimate for that batch, `estimate_mib`), and, with `--native`, single-stream native
 decoding of one sample per record (the same prompts and tokens per job), from which the whole
@@ -166,7 +167,8 @@ def estimate(model, drafter, jobs, options: DecodeOptions, batch: int) -> int:
                                               for j in jobs]
     dtype = next(model.parameters()).dtype
     est = run_memory(model.config, dtype, dtype, options.row_capacity(longest, spec) + 1,
-                     options.block(spec), batch, with_parameters=False, needs=needs)
+                     options.block(spec), batch, with_parameters=False, needs=needs,
+                     chunk=model.prefill_chunk())
     return est.total(min(batch, len(jobs)))
 
 
@@ -263,6 +265,17 @@ def main() -> None:
                   f"{row['prefill_s']} s)", flush=True)
     runs = result["runs"]
     b = a.batch_size
+    # the decoder's queue order (generation/run.py longest_first) against plain input order
+    from evspark_cli.generation import run as run_mod
+
+    window, run_mod.ORDER_WINDOW = run_mod.ORDER_WINDOW, 0
+    try:
+        records = [Record.named(i, s, vocab) for i, s in sets["mixed"]]
+        runs[f"mixed/b{b}/input-order"] = one_run(model, drafter, records, options, b, False)
+    finally:
+        run_mod.ORDER_WINDOW = window
+    print(f"mixed batch {b}, input order: {runs[f'mixed/b{b}/input-order']['tokens_per_s']} "
+          "tok/s", flush=True)
     if a.native:  # one sample per record, natively, at batch 1
         one = DecodeOptions(a.tokens, a.gamma, 1.0, 4, 1.0, seed=0, samples=1)
         for name, prompts in sets.items():
@@ -284,7 +297,10 @@ def main() -> None:
             runs[f"mixed/b{b}"]["decode_tokens_per_s"]
             / runs[f"equal/b{b}"]["decode_tokens_per_s"], 3),
         "mixed_peak_over_estimate": round(runs[f"mixed/b{b}"]["peak_rss_mib"]
-                                          / runs[f"mixed/b{b}"]["estimate_mib"], 3)}
+                                          / runs[f"mixed/b{b}"]["estimate_mib"], 3),
+        "mixed_longest_first_over_input_order": round(
+            runs[f"mixed/b{b}"]["tokens_per_s"] / runs[f"mixed/b{b}/input-order"]["tokens_per_s"],
+            3)}
     if a.native:
         for name in sets:
             result["summary"][f"{name}_over_single_stream_native"] = round(

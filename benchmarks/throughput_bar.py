@@ -16,7 +16,11 @@ Four measurements, each side by side in one run on this machine:
 4. peak memory (max RSS of a whole `evspark generate` process) at the default batch for
    1k, 8k and 65k-base prompts;
 plus 5. single-stream speed against an earlier commit (`--baseline-rev`): `evs.generate` on the
-same prompts and seeds in both trees, alternating, with the tokens compared.
+same prompts and seeds in both trees, alternating, with the tokens compared; and 6. (`mixed`)
+mixed prompt lengths: `--mixed-records` prompts cut from `--genome` at lengths spread on a log
+scale over 64..16,384 bases with 1-4 samples each, next to as many prompts of 1,000 bases with
+the same samples and tokens (eval/throughput.py's `mixed_workload`), native and speculative at
+batch 1 and the workload's batch.
 """
 from __future__ import annotations
 
@@ -97,6 +101,46 @@ def sweep_and_workload(args, log) -> dict:
                             slices=args.slices)
     out["workload"] = measure_throughput(model, prompts, drafter, wcfg, log)
     out["workload"]["batch_size"] = batch
+    return out
+
+
+def mixed_lengths_workload(args, log) -> dict:
+    import torch
+
+    from evspark_cli.decode.drafters.registry import resolve_drafter
+    from evspark_cli.eval.throughput import (
+        ThroughputConfig,
+        measure_throughput,
+        mixed_workload,
+        throughput_options,
+    )
+    from evspark_cli.generation.options import CPU_BATCH
+    from evspark_cli.io.fasta import read_prompts
+    from evspark_cli.model.checkpoint import load_model
+
+    torch.set_num_threads(args.threads)
+    model = load_model(None)
+    drafter = resolve_drafter(model, "auto")
+    source = [p.seq for p in read_prompts([str(args.genome)])]
+    batch = args.batch or CPU_BATCH
+    cfg = ThroughputConfig(new_tokens=args.mixed_tokens, batch_sizes=[1, batch], gamma=12,
+                           slices=args.mixed_slices)
+    opts, vocab = throughput_options(cfg), model.config.vocab_size
+    out: dict = {}
+    for name, equal in (("mixed", None), ("equal", 1000)):
+        jobs = mixed_workload(source, args.mixed_records, opts, vocab, (64, args.mixed_longest),
+                              equal_length=equal)
+        out[name] = measure_throughput(model, [], drafter, cfg, lambda m: log(f"{name} {m}"),
+                                       jobs=jobs)
+    spec = f"speculative/b{batch}"
+    mixed, equal = out["mixed"]["modes"], out["equal"]["modes"]
+    out["summary"] = {
+        "batch_size": batch,
+        "mixed_batch_gain": round(mixed[spec]["tokens_per_s"]
+                                  / mixed["speculative/b1"]["tokens_per_s"], 3),
+        "mixed_over_equal": round(mixed[spec]["tokens_per_s"] / equal[spec]["tokens_per_s"], 3),
+        "mixed_vs_native_single": round(mixed[spec]["tokens_per_s"]
+                                        / mixed["native/b1"]["tokens_per_s"], 3)}
     return out
 
 
@@ -222,13 +266,18 @@ def main() -> None:
     ap.add_argument("--single-prompts", type=int, default=12)
     ap.add_argument("--single-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--parts", default="sweep,long,memory,single")
+    ap.add_argument("--mixed-records", type=int, default=16)
+    ap.add_argument("--mixed-longest", type=int, default=16384)
+    ap.add_argument("--mixed-tokens", type=int, default=256)
+    ap.add_argument("--mixed-slices", type=int, default=2)
+    ap.add_argument("--parts", default="sweep,long,memory,single,mixed")
     a = ap.parse_args()
     if a.quick:
         a.records, a.samples, a.tokens, a.slices = 4, 2, 32, 2
         a.sweep, a.sweep_records, a.sweep_tokens, a.sweep_slices = "1,4", 4, 24, 1
         a.long_context, a.long_tokens, a.memory_rows = 2048, 16, 4
         a.single_prompts, a.single_tokens, a.rounds = 2, 16, 2
+        a.mixed_records, a.mixed_longest, a.mixed_tokens = 4, 2048, 16
     parts = set(a.parts.split(","))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     from evspark_cli.eval.provenance import provenance
@@ -242,6 +291,8 @@ def main() -> None:
         res["samples_from_long_prompt"] = long_prompt_samples(a, log)
     if "memory" in parts:
         res["peak_memory"] = peak_memory(a, log)
+    if "mixed" in parts:
+        res["mixed_lengths"] = mixed_lengths_workload(a, log)
     if "single" in parts and a.baseline_rev:
         res["single_stream"] = single_stream_vs_baseline(a, log)
     res["wall_s"] = round(time.time() - t0)

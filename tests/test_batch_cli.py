@@ -238,6 +238,14 @@ def test_bench_throughput_section(tmp_path, model, src):
     assert len(coupled) == 3 and all(m["jobs_differing_from_native"] == 0 for m in coupled)
     assert all(0 < m["efficiency"] <= 1 for m in res["modes"].values())
     assert set(res["summary"]) >= {"b2", "b4", "b2/coupled", "b4/coupled"}
+    mixed = res["mixed"]  # prompts of 64..2048 bases, 1-4 samples each: the same modes
+    assert set(mixed["modes"]) == set(res["modes"]) and mixed["config"]["prompt_lengths"] == [
+        64, 2048]
+    assert all(m["jobs_changed_vs_batch_1"] == 0 for m in mixed["modes"].values()
+               if m["batch_size"] > 1)
+    assert all(m["jobs_differing_from_native"] == 0 for m in mixed["modes"].values()
+               if m["rule"] == "coupled" and m["decoder"] == "speculative")
+    assert "## Throughput on mixed prompt lengths" in (out / "report.md").read_text()
     assert res["headline_batch_size"] == 2
     report = (out / "report.md").read_text()
     assert "## Throughput" in report and "| speculative | coupled | 4 |" in report

@@ -42,7 +42,7 @@ def test_size_classes():
 def test_rows_of_different_needs_live_in_their_own_shelves():
     needs = [300, 5000, 320, 9000, 5100]
     parts = [(_row_cache(n, n // 2, i), (n // 2,)) for i, n in enumerate(needs)]
-    cache = KVCache.cat(parts)
+    cache = KVCache.cat([(c, [0], n) for c, n in parts])
     assert not cache.dense and cache.batch == 5
     assert sorted(s.size for s in cache.shelves) == [1024, 8192, 16384]
     for b, (src, (n,)) in enumerate(parts):
@@ -60,8 +60,8 @@ def test_rows_coming_and_going_keep_every_live_position(seed):
     needs = [rnd.choice([40, 700, 1500, 3000]) for _ in range(6)]
     rows = [_row_cache(n, n // 3, 10 * seed + i) for i, n in enumerate(needs)]
     lengths = [n // 3 for n in needs]
-    classes = KVCache.cat([(c, (n,)) for c, n in zip(rows, lengths)])
-    dense = KVCache.cat([(c, (n,)) for c, n in zip(rows, lengths)])
+    classes = KVCache.cat([(c, [0], (n,)) for c, n in zip(rows, lengths)])
+    dense = KVCache.cat([(c, [0], (n,)) for c, n in zip(rows, lengths)])
     dense.reserve(max(needs) + 64)
     assert dense.dense
     g = torch.Generator().manual_seed(seed)
@@ -79,8 +79,8 @@ def test_rows_coming_and_going_keep_every_live_position(seed):
             need = rnd.choice([50, 900, 2500])
             new = _row_cache(need, need // 2, 1000 + step)
             slot = rnd.randrange(B)
-            classes.put([slot], new, (need // 2,), tuple(lengths))
-            dense.put([slot], new, (need // 2,), tuple(lengths))
+            classes.put([slot], new, [0], (need // 2,), tuple(lengths))
+            dense.put([slot], new, [0], (need // 2,), tuple(lengths))
             lengths[slot] = need // 2
         else:
             n = rnd.choice([1, 5, 13])
@@ -100,7 +100,8 @@ def test_the_estimate_is_what_the_shelves_hold():
     """`class_layout_bytes` (the memory check's) equals the bytes of a cache built from rows of
     those needs, and the ragged attention calls cover every row once."""
     needs = [300, 320, 5000, 9000, 5100, 700, 1500, 2100, 64]
-    cache = KVCache.cat([(_row_cache(n, n // 2, i), (n // 2,)) for i, n in enumerate(needs)])
+    cache = KVCache.cat([(_row_cache(n, n // 2, i), [0], (n // 2,))
+                         for i, n in enumerate(needs)])
     held, growth = class_layout_bytes(needs, cache.bytes_per_position())
     assert cache.nbytes() <= held
     assert held - cache.nbytes() <= growth  # free slots of shelves that doubled, at most

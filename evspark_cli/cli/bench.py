@@ -54,7 +54,7 @@ def bench(
                                         "rules sampled runs use: residual,coupled (default "
                                         "both, side by side)."),
     skip: Optional[str] = typer.Option(None, "--skip", help="Sections to skip: "
-                                       "speed,tvd,gamma,context,depth,throughput."),
+                                       "speed,tvd,gamma,context,depth,throughput,mixed."),
     gammas: Optional[str] = typer.Option(None, "--gammas", help="Gamma sweep, e.g. "
                                          "1,2,4,8,12,16."),
     contexts: Optional[str] = typer.Option(None, "--contexts", help="Context sweep lengths, e.g. "
@@ -96,14 +96,23 @@ def bench(
     with Progress("bench", "results", quiet=quiet) as prog:
         res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
                         log=prog.log)
-    head = {k: round(v["summary"]["pooled_speedup"], 3) for k, v in res["speed"].items()}
-    summary: dict = {"out": out, "pooled_speedup": head}
-    if res.get("throughput"):
-        summary["throughput_tokens_per_s"] = {k: v["tokens_per_s"] for k, v in
-                                              res["throughput"]["modes"].items()}
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(_summary(res, out), indent=1))
     prog.summary(f"evspark: bench: preset {preset}, {len(res['speed'])} speed settings, "
                  f"{time.monotonic() - t0:.1f} s, {used.describe()}; report in {out}")
+
+
+def _summary(res: dict, out: str) -> dict:
+    """What `bench` prints: the pooled speedups and the throughput sections' tokens/s."""
+    head = {k: round(v["summary"]["pooled_speedup"], 3) for k, v in res["speed"].items()}
+    summary: dict = {"out": out, "pooled_speedup": head}
+    t = res.get("throughput")
+    if t:
+        summary["throughput_tokens_per_s"] = {k: v["tokens_per_s"] for k, v in
+                                              t["modes"].items()}
+        if t.get("mixed"):
+            summary["mixed_tokens_per_s"] = {k: v["tokens_per_s"] for k, v in
+                                             t["mixed"]["modes"].items()}
+    return summary
 
 
 def _check_bench_files(cfg: BenchConfig, out: str) -> None:

@@ -336,10 +336,11 @@ class BatchDecoder:
 
     def _join(self, joins: list[tuple[Sequence[int], list[Job], Prefilled, float]]) -> None:
         """Rows for each group of jobs (one prompt's samples) forked from its prefill into its
-        slots: a new batch at the start, else in place of finished rows."""
-        states, rows, contexts, slots = [], [], [], []
+        slots, each row's state copied once: a new batch at the start, else in place of
+        finished rows."""
+        parts, rows, contexts, slots = [], [], [], []
         for group_slots, jobs, pre, t_start in joins:
-            states.append(pre.state.select([0] * len(jobs)))
+            parts.append((pre.state, [0] * len(jobs)))  # the prefill's row, forked per job
             hidden = pre.hidden_for(self.prefix)
             for i, j in enumerate(jobs):
                 first = pre.seconds if i == 0 else 0.0
@@ -347,16 +348,18 @@ class BatchDecoder:
                 contexts.append(DraftContext(self.model, list(j.prompt), self.sampler, j.rng,
                                              hidden))
             slots.extend(group_slots)
-        new_state = states[0] if len(states) == 1 else InferenceState.cat(states)
         new_draft = self.drafter.rows(contexts) if self.drafter is not None else None
-        if self.state is None:
+        if self.state is None:  # a new batch
             assert slots == list(range(len(rows)))
+            self.state, self.rows, self.draft = InferenceState.gather(parts), rows, new_draft
             if self.dense:  # one tensor per cache, at least every row's capacity
-                for c in new_state.caches():
+                for c in self.state.caches():
                     c.reserve(self.capacity or 0)
-            self.state, self.rows, self.draft = new_state, rows, new_draft
             return
-        self.state = self.state.place(slots, new_state)
+        if len(parts) == 1:  # one record's rows: copied into their slots from its prefill
+            self.state = self.state.place(slots, parts[0][0], parts[0][1])
+        else:
+            self.state = self.state.place(slots, InferenceState.gather(parts))
         for s, r in zip(slots, rows):
             self.rows[s] = r
         if new_draft is not None:

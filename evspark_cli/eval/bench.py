@@ -78,6 +78,8 @@ class BenchConfig:
     throughput_tokens: int = 64
     batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     batch_size: int | None = None  # the headline batch (None: the device's default), measured too
+    mixed_records: int = 4  # throughput on mixed prompt lengths: records, 1-4 samples each
+    mixed_lengths: list[int] = field(default_factory=lambda: [64, 2048])  # shortest, longest
     skip: list[str] = field(default_factory=list)  # sections not to run (SECTIONS)
 
     def validate(self) -> BenchConfig:
@@ -93,8 +95,13 @@ class BenchConfig:
             raise SettingError("{0} and {1} take integers >= 1", "batch_sizes", "batch_size")
         if any(g < 1 for g in self.gamma_sweep) or any(c < 1 for c in self.contexts):
             raise SettingError("{0} and {1} take integers >= 1", "gamma_sweep", "contexts")
+        if len(self.mixed_lengths) != 2 or not 1 <= self.mixed_lengths[0] <= self.mixed_lengths[1]:
+            raise SettingError.of("mixed_lengths", f"must be two lengths lo <= hi, got "
+                                                   f"{self.mixed_lengths}")
         if any(x < 0 for x in self.seeds) or self.depth_tokens < 0:
             raise SettingError("{0} and {1} must be >= 0", "seeds", "depth_tokens")
+        if self.mixed_records < 0:
+            raise SettingError.of("mixed_records", f"must be >= 0, got {self.mixed_records}")
         if not self.rollback_modes or set(self.rollback_modes) - set(ROLLBACKS):
             raise SettingError.of("rollback_modes", f"must list slice and/or replay, got "
                                                     f"{','.join(self.rollback_modes)!r}")
@@ -108,7 +115,7 @@ class BenchConfig:
         return self
 
 
-SECTIONS = ("speed", "tvd", "gamma", "context", "depth", "throughput")
+SECTIONS = ("speed", "tvd", "gamma", "context", "depth", "throughput", "mixed")
 """Sections that `skip` can leave out."""
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -117,7 +124,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                  tvd_samples=32, tvd_tokens=48, gamma_sweep=[1, 2, 4, 8, 12, 16],
                  gamma_sweep_prompts=12, contexts=[1024, 8192, 32768, 131072, 262144],
                  context_tokens=256, depth_tokens=32768, throughput_records=48,
-                 throughput_samples=8, throughput_tokens=512, batch_sizes=[1, 4, 8, 16, 32]),
+                 throughput_samples=8, throughput_tokens=512, batch_sizes=[1, 4, 8, 16, 32],
+                 mixed_records=24, mixed_lengths=[64, 16384]),
 }
 
 
@@ -450,7 +458,12 @@ def throughput(model: StripedHyena, drafter: Any, cfg: BenchConfig,
                log: Callable[[str], None]) -> dict[str, Any]:
     """Tokens/s by batch size, native and speculative, on records x samples (eval/throughput)."""
     from ..generation.options import default_batch_size
-    from .throughput import ThroughputConfig, measure_throughput
+    from .throughput import (
+        ThroughputConfig,
+        measure_throughput,
+        mixed_workload,
+        throughput_options,
+    )
 
     headline = cfg.batch_size or default_batch_size(model.device)
     sizes = sorted(set(cfg.batch_sizes) | {headline, 1})
@@ -460,6 +473,17 @@ def throughput(model: StripedHyena, drafter: Any, cfg: BenchConfig,
                             rules=list(cfg.rules))
     out = measure_throughput(model, prompts, drafter, tcfg, log)
     out["headline_batch_size"] = headline
+    if "mixed" not in cfg.skip and cfg.mixed_records:
+        # a user's contigs and genes: lengths over mixed_lengths, 1-4 samples, from the long
+        # context genome when there is one (else the prompts joined end to end)
+        source = read_prompts([cfg.context_source or cfg.prompts])
+        lo, hi = cfg.mixed_lengths
+        jobs = mixed_workload([p.seq for p in source], cfg.mixed_records,
+                              throughput_options(tcfg), model.config.vocab_size, (lo, hi))
+        mixed = measure_throughput(model, [], drafter, tcfg, lambda m: log("mixed " + m),
+                                   jobs=jobs)
+        mixed["headline_batch_size"] = headline
+        out["mixed"] = mixed
     return out
 
 

@@ -33,15 +33,20 @@ def speed_table(res: dict[str, Any]) -> list[str]:
     return lines
 
 
-def throughput_table(t: dict[str, Any]) -> list[str]:
-    """The throughput section: tokens/s by decoder and batch size, and the ratios."""
+def throughput_table(t: dict[str, Any], mixed: bool = False) -> list[str]:
+    """The throughput section: tokens/s by decoder and batch size, and the ratios (`mixed`: the
+    mixed prompt lengths workload)."""
     if not t.get("modes"):
         return []
     c = t["config"]
-    L = ["", "## Throughput (batched decoding)", "",
-         f"{c['records']} records x {c['samples']} samples x {c['new_tokens']} new tokens "
-         f"(sampled, T=1, top-k 4, gamma {c['gamma']}); every mode on the same jobs, the modes "
-         f"interleaved slice by slice in one process; prefills included. Headline batch "
+    lo, hi = c.get("prompt_lengths", [None, None])
+    what = (f"{c['jobs']} jobs of prompts of {lo:,}-{hi:,} bases with 1-4 samples each x "
+            f"{c['new_tokens']} new tokens" if mixed else
+            f"{c['records']} records x {c['samples']} samples x {c['new_tokens']} new tokens")
+    L = ["", "## Throughput on mixed prompt lengths" if mixed else
+         "## Throughput (batched decoding)", "",
+         f"{what} (sampled, T=1, top-k 4, gamma {c['gamma']}); every mode on the same jobs, "
+         f"the modes interleaved slice by slice in one process; prefills included. Headline batch "
          f"size: {t.get('headline_batch_size')}.", "",
          "Ratios are against native decoding under the same rule; under `coupled` every "
          "speculative job is also compared with native sampling at batch 1.", "",
@@ -129,6 +134,7 @@ def write_report(res: dict[str, Any], out: Path) -> Path:
         L += [f"| {w.get('start_token', '')}-{w['end_token']} | {_f(w.get('speedup'))}x | "
               f"{_f(w['tau'])} | {_f(w.get('native_tok_s'), 0)} |" for w in d["windows"]]
     L += throughput_table(res.get("throughput") or {})
+    L += throughput_table((res.get("throughput") or {}).get("mixed") or {}, mixed=True)
     plots = _plots(res, out)
     L += [""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = out / "report.md"

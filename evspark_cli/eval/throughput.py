@@ -5,6 +5,11 @@ on the same jobs, and the modes are interleaved slice by slice in one process (a
 records with all their samples), so every ratio is measured side by side on the same machine
 state. Each mode's time is the wall time of its decoder runs, prefills included.
 
+Two workloads: the prompt suite (prompts of similar length, `--throughput-samples` each) and,
+with `mixed`, prompts of lengths spread over 64..16,384 bases with 1-4 samples each, cut from a
+genome (`mixed_workload`): a user's contigs, genes and regions, where rows at very different
+positions share a batch.
+
 Besides speed, the section counts how often the batch size changed a token: every job's tokens at
 each batch size against the same job in a batch of one (same seed, so they should be equal; a
 batched product can round a float differently in the last place, which can flip a draw or a
@@ -14,12 +19,15 @@ it must equal token for token.
 """
 from __future__ import annotations
 
+import math
+import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..decode.batch import BatchDecoder
 from ..decode.drafters.base import Drafter
+from ..decode.jobs import Job
 from ..decode.sampling import SamplerConfig
 from ..generation.jobs import Record, build_jobs
 from ..generation.options import DecodeOptions
@@ -41,6 +49,50 @@ class ThroughputConfig:
     rules: list[str] = field(default_factory=lambda: ["residual"])
 
 
+MIXED_LENGTHS = (64, 16384)  # the mixed workload's shortest and longest prompt, bases
+MIXED_SAMPLES = (1, 4)  # and its fewest and most samples per record
+
+
+def mixed_lengths(records: int, lengths: tuple[int, int] = MIXED_LENGTHS,
+                  seed: int = 0) -> list[int]:
+    """`records` prompt lengths spaced evenly on a log scale over `lengths` (both ends
+    included), in a shuffled order (a user's FASTA is not sorted by length)."""
+    lo, hi = lengths
+    if records == 1:
+        return [lo]
+    out = [round(math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * i / (records - 1)))
+           for i in range(records)]
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def mixed_workload(source: Sequence[str], records: int, options: DecodeOptions, vocab: int,
+                   lengths: tuple[int, int] = MIXED_LENGTHS,
+                   samples: tuple[int, int] = MIXED_SAMPLES, seed: int = 0,
+                   equal_length: int | None = None) -> list[Job]:
+    """Jobs of `records` prompts of `mixed_lengths` (or all of `equal_length`), each cut at a
+    random place of the `source` sequences joined end to end (repeated when shorter), with a
+    number of samples drawn from `samples` per record: `options.max_new_tokens` tokens each.
+    The same seed gives the same samples per record whatever the lengths, so the mixed and
+    the equal-length workload have the same jobs and tokens."""
+    text = "".join(source)
+    if not text:
+        raise ValueError("the mixed workload needs a non-empty source sequence")
+    rnd = random.Random(seed)
+    sizes = ([equal_length] * records if equal_length is not None
+             else mixed_lengths(records, lengths, seed))
+    jobs: list[Job] = []
+    for i, n in enumerate(sizes):
+        reps = -(-(n + 1) // len(text))
+        tiled = text * max(1, reps + 1)
+        start = rnd.randrange(0, len(tiled) - n)
+        count = rnd.randint(*samples)
+        rec = Record.named(f"mixed{i}_{n}", tiled[start: start + n], vocab)
+        for j in build_jobs([rec], replace(options, samples=count)):
+            jobs.append(replace(j, index=len(jobs)))
+    return jobs
+
+
 def mode_name(decoder: str, batch_size: int, rule: str) -> str:
     """`native/b8`, `speculative/b8` under the residual rule; `.../coupled` under coupled."""
     return f"{decoder}/b{batch_size}" + ("" if rule == "residual" else f"/{rule}")
@@ -58,17 +110,36 @@ def _modes(cfg: ThroughputConfig, drafter: Drafter | None
     return modes
 
 
+def throughput_options(cfg: ThroughputConfig, sampler: SamplerConfig = SAMPLED
+                       ) -> DecodeOptions:
+    return DecodeOptions(cfg.new_tokens, cfg.gamma, sampler.temperature, sampler.top_k,
+                         sampler.top_p, samples=cfg.samples)
+
+
+def record_slices(jobs: list[Job], slices: int) -> list[list[Job]]:
+    """`jobs` cut into about `slices` parts of whole records (a record's samples together)."""
+    records: list[list[Job]] = []
+    for j in jobs:
+        if records and records[-1][0].rng.record == j.rng.record:
+            records[-1].append(j)
+        else:
+            records.append([j])
+    per = -(-len(records) // max(slices, 1))
+    return [[j for r in records[i: i + per] for j in r] for i in range(0, len(records), per)]
+
+
 def measure_throughput(model: StripedHyena, prompts: list[Prompt], drafter: Drafter | None,
                        cfg: ThroughputConfig, log: Callable[[str], None] = lambda m: None,
-                       sampler: SamplerConfig = SAMPLED) -> dict[str, Any]:
-    """Tokens/s of every (decoder, batch size, rule) on records x samples jobs, interleaved;
-    `sampler` gives the temperature, top-k and top-p, each rule of `cfg.rules` its rule."""
-    options = DecodeOptions(cfg.new_tokens, cfg.gamma, sampler.temperature, sampler.top_k,
-                            sampler.top_p, samples=cfg.samples)
-    vocab = model.config.vocab_size
-    jobs = build_jobs([Record.of(p, vocab) for p in prompts[: cfg.records]], options)
-    per_slice = -(-min(cfg.records, len(prompts)) // max(cfg.slices, 1)) * cfg.samples
-    slices = [jobs[i: i + per_slice] for i in range(0, len(jobs), per_slice)]
+                       sampler: SamplerConfig = SAMPLED, jobs: list[Job] | None = None
+                       ) -> dict[str, Any]:
+    """Tokens/s of every (decoder, batch size, rule) on records x samples jobs (or `jobs`, e.g.
+    `mixed_workload`'s), interleaved; `sampler` gives the temperature, top-k and top-p, each
+    rule of `cfg.rules` its rule."""
+    if jobs is None:
+        vocab = model.config.vocab_size
+        jobs = build_jobs([Record.of(p, vocab) for p in prompts[: cfg.records]],
+                          throughput_options(cfg, sampler))
+    slices = record_slices(jobs, cfg.slices)
     modes = _modes(cfg, drafter)
     seconds = {name: 0.0 for name, *_ in modes}
     tokens = {name: 0 for name, *_ in modes}
@@ -109,7 +180,9 @@ def measure_throughput(model: StripedHyena, prompts: list[Prompt], drafter: Draf
         if rule == "coupled" and d is not None:  # coupled: equal to native sampling itself
             rows[name]["jobs_differing_from_native"] = _changed(
                 outputs, name, mode_name("native", 1, rule), True)
-    return {"config": cfg.__dict__ | {"jobs": len(jobs), "sampler": sampler.__dict__},
+    lengths = sorted({len(j.prompt) for j in jobs})
+    return {"config": cfg.__dict__ | {"jobs": len(jobs), "sampler": sampler.__dict__,
+                                      "prompt_lengths": [lengths[0], lengths[-1]]},
             "modes": rows, "summary": _summary(rows)}
 
 

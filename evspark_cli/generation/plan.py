@@ -57,7 +57,8 @@ def plan_batch(model: StripedHyena, jobs: Sequence[Job], options: DecodeOptions,
     budget = run_budget(model.device, max_memory, loaded)
     if batch_size is None and budget.bytes is not None:
         fits = largest_batch(model.config, weights, weights, context, block, budget.bytes,
-                             needs=needs)
+                             needs=needs, chunk=model.prefill_chunk())
         rows = max(1, min(rows, fits))
-    check_batch_fits(model.config, weights, weights, rows, context, block, budget, needs=needs)
+    check_batch_fits(model.config, weights, weights, rows, context, block, budget, needs=needs,
+                     chunk=model.prefill_chunk())
     return rows

@@ -268,7 +268,7 @@ class HyenaFilter(nn.Module):
         Dskip = self.D.float()[:, None] * w
         if k == 1 and st is not None:  # a decode step: sigma_1 = p sigma_0 + w_1
             sigma = torch.addcmul(w, self.step_poles(), st.sigma)  # (B, D, 1) + (D, S) * (B, D, S)
-            c = (sigma * R).sum(-1, keepdim=True) + Dskip
+            c = torch.linalg.vecdot(sigma, R)[..., None] + Dskip  # no (B, D, S) temporary
             return c, ModalSigmas(sigma[..., None])
         if k <= SHORT_BLOCK:
             powers, tri = self.li_toeplitz(k)
@@ -305,7 +305,7 @@ class HyenaFilter(nn.Module):
         prev = sigma0
         for w_j, sig_j in zip(w.unsqueeze(-1).unbind(1), sig.unbind(1)):
             prev = torch.addcmul(w_j, p1, prev, out=sig_j)
-        c = (sig * R).sum(-1) + self.D.float() * w  # (B, k, D)
+        c = torch.linalg.vecdot(sig, R) + self.D.float() * w  # (B, k, D), no (B, k, D, S) temporary
         return c, ModalSigmas(sig.permute(0, 2, 3, 1))
 
     @staticmethod

@@ -295,18 +295,34 @@ class KVCache:
         """A new class-layout cache holding `rows` of this one (repeats allowed) up to their
         lengths, each with its own row's capacity (or `capacity`)."""
         c = self._like()
+        c._presize([max(capacity or self.at[b][0].capacity, n) for b, n in zip(rows, lengths)])
         for b, n in zip(rows, lengths):
             c._append(self, b, n, capacity)
         return c
 
     @staticmethod
-    def cat(parts: Sequence[tuple["KVCache", Lengths]]) -> "KVCache":
-        """One class-layout cache of every row of each (cache, lengths), in order."""
+    def cat(parts: Sequence[tuple["KVCache", Sequence[int], Lengths]]) -> "KVCache":
+        """One class-layout cache of the given rows of each (cache, rows, their lengths), in
+        order (repeats fork a row). Shelves are sized for all of them first, so each row is
+        copied once."""
         c = parts[0][0]._like()
-        for cache, lengths in parts:
-            for b, n in enumerate(lengths):
+        c._presize([max(cache.at[b][0].capacity, n) for cache, rows, lengths in parts
+                    for b, n in zip(rows, lengths)])
+        for cache, rows, lengths in parts:
+            for b, n in zip(rows, lengths):
                 c._append(cache, b, n, None)
         return c
+
+    def _presize(self, needs: Sequence[int]) -> None:
+        """Empty shelves with room for rows of these needs (a new batch's rows, before they
+        are copied in)."""
+        classes: dict[int, list[int]] = {}
+        for n in needs:
+            classes.setdefault(size_class(n), []).append(n)
+        for size, members in classes.items():
+            cap = max(members) if len(set(members)) == 1 else shelf_capacity(max(members))
+            self.shelves.append(Shelf(len(members), cap, self.heads, self.head_dim, self.dtype,
+                                      self.device, size))
 
     def _append(self, src: "KVCache", b: int, n: int, capacity: int | None) -> None:
         """A new last row holding src's row b up to position n."""
@@ -330,12 +346,12 @@ class KVCache:
         cap = shelf.capacity if need <= shelf.capacity else shelf_capacity(need, shelf.capacity)
         return shelf, shelf.take(row, cap)
 
-    def put(self, slots: Sequence[int], src: "KVCache", src_lengths: Lengths,
-            lengths: Lengths) -> None:
-        """Rows `slots` of this batch (whose rows are at `lengths`) become src's rows 0.. up to
-        `src_lengths`, in place."""
+    def put(self, slots: Sequence[int], src: "KVCache", src_rows: Sequence[int],
+            src_lengths: Lengths, lengths: Lengths) -> None:
+        """Rows `slots` of this batch (whose rows are at `lengths`) become src's rows
+        `src_rows` (repeats fork a row) up to `src_lengths`, in place."""
         lengths = list(lengths)
-        for slot, b, n in zip(slots, range(src.batch), src_lengths):
+        for slot, b, n in zip(slots, src_rows, src_lengths):
             src_shelf, src_slot = src.at[b]
             if self.dense:
                 shelf, at = self.at[slot]

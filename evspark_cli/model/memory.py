@@ -124,16 +124,17 @@ class RunMemory:
 
 def run_memory(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dtype,
                context: int, block: int, rows: int = 1, with_parameters: bool = True,
-               needs: Sequence[int] | None = None) -> RunMemory:
+               needs: Sequence[int] | None = None, chunk: int | None = None) -> RunMemory:
     """Memory of decoding `rows` rows of up to `context` positions with blocks of `block`;
-    with `needs` (each job's KV positions), rows in the class layout (`RunMemory`)."""
+    with `needs` (each job's KV positions), rows in the class layout (`RunMemory`); `chunk`:
+    the prefill chunk (`StripedHyena.prefill_chunk`; default the config's)."""
     item = torch.empty((), dtype=weight_dtype).element_size()
     params = parameter_count(cfg) * item if with_parameters else 0
     # a row's state; plus, once per run, the prompt being prefilled and its fork (2 more rows)
     fixed, per_position = fixed_state_bytes(cfg), kv_bytes_per_token(cfg, act_dtype)
     per_row = fixed + per_position * context
     transient = (2 * per_row + block_bytes(cfg, rows, block)
-                 + prefill_bytes(cfg, min(cfg.prefill_chunk, max(context, 1))))
+                 + prefill_bytes(cfg, min(chunk or cfg.prefill_chunk, max(context, 1))))
     return RunMemory(params, per_row, transient, fixed, per_position,
                      None if needs is None else tuple(sorted(needs, reverse=True)))
 
@@ -316,22 +317,23 @@ def gib(n: int) -> str:
 
 def check_batch_fits(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dtype,
                      rows: int, context: int, block: int, budget: int | Budget | None,
-                     loaded: bool = True, needs: Sequence[int] | None = None) -> None:
+                     loaded: bool = True, needs: Sequence[int] | None = None,
+                     chunk: int | None = None) -> None:
     """Refuse (InputError, one line) a batch whose state at `context` would not fit in `budget`
     (bytes, or a `Budget` that names its limit), naming the largest batch that fits. `loaded`:
     the parameters are already in memory (and so already out of `budget`). `needs`: each job's
-    KV positions, for rows in the class layout (`RunMemory`)."""
+    KV positions, for rows in the class layout (`RunMemory`); `chunk`: the prefill chunk."""
     if not isinstance(budget, Budget):
         budget = Budget(budget)
     if budget.bytes is None:
         return
     est = run_memory(cfg, weight_dtype, act_dtype, context, block, rows,
-                     with_parameters=not loaded, needs=needs)
+                     with_parameters=not loaded, needs=needs, chunk=chunk)
     need = est.total(rows)
     if need <= budget.bytes:
         return
     fits = largest_batch(cfg, weight_dtype, act_dtype, context, block, budget.bytes, loaded,
-                         needs)
+                         needs, chunk)
     hint = (f"the largest batch that fits is {fits} ({{1}} {fits})" if fits
             else "not even one row fits: use a shorter {2} or fewer tokens")
     limit = "is available" if budget.source == "available memory" else f"({budget.named(0)})"
@@ -342,11 +344,12 @@ def check_batch_fits(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: tor
 
 def largest_batch(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dtype,
                   context: int, block: int, budget: int, loaded: bool = True,
-                  needs: Sequence[int] | None = None) -> int:
+                  needs: Sequence[int] | None = None, chunk: int | None = None) -> int:
     """The largest number of rows whose estimate fits in `budget` (0 if none)."""
     lo, hi = 0, 1
     fits = lambda r: run_memory(cfg, weight_dtype, act_dtype, context, block, r,  # noqa: E731
-                                with_parameters=not loaded, needs=needs).total(r) <= budget
+                                with_parameters=not loaded, needs=needs,
+                                chunk=chunk).total(r) <= budget
     while fits(hi) and hi < 1 << 20:
         lo, hi = hi, hi * 2
     while hi - lo > 1:

@@ -105,15 +105,17 @@ class FIRWindow:
     def select(self, rows: Sequence[int]) -> "FIRWindow":
         return FIRWindow(self.buf.index_select(0, row_index(rows, self.buf.device)))
 
-    def place(self, slots: Sequence[int], other: "FIRWindow") -> "FIRWindow":
-        return FIRWindow(put_rows(self.buf, slots, other.buf))
+    def place(self, slots: Sequence[int], other: "FIRWindow", rows: Sequence[int] | None = None
+              ) -> "FIRWindow":
+        src = other.buf if rows is None else other.select(rows).buf
+        return FIRWindow(put_rows(self.buf, slots, src))
 
     def remove(self, row: int) -> "FIRWindow":
         return FIRWindow(swap_remove(self.buf, row))
 
     @staticmethod
-    def cat(parts: Sequence["FIRWindow"]) -> "FIRWindow":
-        return FIRWindow(torch.cat([p.buf for p in parts]))
+    def cat(parts: Sequence[tuple["FIRWindow", Sequence[int]]]) -> "FIRWindow":
+        return FIRWindow(torch.cat([p.select(rows).buf for p, rows in parts]))
 
 
 @dataclass
@@ -163,15 +165,17 @@ class ModalState:
     def select(self, rows: Sequence[int]) -> "ModalState":
         return ModalState(self.sigma.index_select(0, row_index(rows, self.sigma.device)))
 
-    def place(self, slots: Sequence[int], other: "ModalState") -> "ModalState":
-        return ModalState(put_rows(self.sigma, slots, other.sigma))
+    def place(self, slots: Sequence[int], other: "ModalState", rows: Sequence[int] | None = None
+              ) -> "ModalState":
+        src = other.sigma if rows is None else other.select(rows).sigma
+        return ModalState(put_rows(self.sigma, slots, src))
 
     def remove(self, row: int) -> "ModalState":
         return ModalState(swap_remove(self.sigma, row))
 
     @staticmethod
-    def cat(parts: Sequence["ModalState"]) -> "ModalState":
-        return ModalState(torch.cat([p.sigma for p in parts]))
+    def cat(parts: Sequence[tuple["ModalState", Sequence[int]]]) -> "ModalState":
+        return ModalState(torch.cat([p.select(rows).sigma for p, rows in parts]))
 
 
 @dataclass
@@ -313,10 +317,13 @@ class KVState:
         lengths = tuple(self.lengths[r] for r in rows)
         return KVState(self.cache.copy(rows, lengths), lengths, 0)
 
-    def place(self, slots: Sequence[int], other: "KVState") -> "KVState":
-        self.cache.put(slots, other.cache, other.lengths, self.lengths)
+    def place(self, slots: Sequence[int], other: "KVState", rows: Sequence[int] | None = None
+              ) -> "KVState":
+        rows = range(other.cache.batch) if rows is None else rows
+        src_lengths = tuple(other.lengths[r] for r in rows)
+        self.cache.put(slots, other.cache, rows, src_lengths, self.lengths)
         lengths = list(self.lengths)
-        for slot, n in zip(slots, other.lengths):
+        for slot, n in zip(slots, src_lengths):
             lengths[slot] = n
         return KVState(self.cache, tuple(lengths), self.cache.version)
 
@@ -329,9 +336,10 @@ class KVState:
         return KVState(cache, tuple(lengths), cache.version)
 
     @staticmethod
-    def cat(parts: Sequence["KVState"]) -> "KVState":
-        cache = KVCache.cat([(p.cache, p.lengths) for p in parts])
-        return KVState(cache, tuple(n for p in parts for n in p.lengths), 0)
+    def cat(parts: Sequence[tuple["KVState", Sequence[int]]]) -> "KVState":
+        chosen = [(p.cache, rows, tuple(p.lengths[r] for r in rows)) for p, rows in parts]
+        cache = KVCache.cat(chosen)
+        return KVState(cache, tuple(n for _, _, ns in chosen for n in ns), 0)
 
 
 @dataclass
@@ -403,17 +411,19 @@ class HyenaState:
     def select(self, rows: Sequence[int]) -> "HyenaState":
         return HyenaState(self.feat.select(rows), self.inner.select(rows))
 
-    def place(self, slots: Sequence[int], other: "HyenaState") -> "HyenaState":
-        return HyenaState(self.feat.place(slots, other.feat),
-                          self.inner.place(slots, other.inner))  # type: ignore[arg-type]
+    def place(self, slots: Sequence[int], other: "HyenaState", rows: Sequence[int] | None = None
+              ) -> "HyenaState":
+        return HyenaState(self.feat.place(slots, other.feat, rows),
+                          self.inner.place(slots, other.inner, rows))  # type: ignore[arg-type]
 
     def remove(self, row: int) -> "HyenaState":
         return HyenaState(self.feat.remove(row), self.inner.remove(row))
 
     @staticmethod
-    def cat(parts: Sequence["HyenaState"]) -> "HyenaState":
-        inner = type(parts[0].inner).cat([p.inner for p in parts])  # type: ignore[arg-type]
-        return HyenaState(FIRWindow.cat([p.feat for p in parts]), inner)
+    def cat(parts: Sequence[tuple["HyenaState", Sequence[int]]]) -> "HyenaState":
+        inner = type(parts[0][0].inner).cat(  # type: ignore[arg-type]
+            [(p.inner, rows) for p, rows in parts])
+        return HyenaState(FIRWindow.cat([(p.feat, rows) for p, rows in parts]), inner)
 
 
 @dataclass
@@ -436,7 +446,8 @@ class LayerState(Protocol):
     def fixed(self) -> list[Tensor]: ...  # fixed-size tensors (windows, modal states), in order
     def with_fixed(self, it: Iterator[Tensor]) -> "LayerState": ...
     def select(self, rows: Sequence[int]) -> "LayerState": ...
-    def place(self, slots: Sequence[int], other) -> "LayerState": ...
+    def place(self, slots: Sequence[int], other, rows: Sequence[int] | None = None
+              ) -> "LayerState": ...
     def remove(self, row: int) -> "LayerState": ...
     def kv_bytes_per_token(self) -> int: ...
     def caches(self) -> list[KVCache]: ...
@@ -505,16 +516,19 @@ class InferenceState:
         return InferenceState(tuple(s.select(rows) for s in self.layers),
                               tuple(self.lengths[r] for r in rows))
 
-    def place(self, slots: Sequence[int], other: "InferenceState") -> "InferenceState":
-        """Put `other`'s rows into rows `slots` of this batch (KV caches written in place: this
-        state is stale afterwards, the rows not in `slots` keep their values)."""
-        if len(slots) != other.batch:
-            raise ValueError(f"place: {len(slots)} slots for {other.batch} rows")
+    def place(self, slots: Sequence[int], other: "InferenceState",
+              rows: Sequence[int] | None = None) -> "InferenceState":
+        """Put `other`'s rows (or its `rows`, repeats forking a row) into rows `slots` of this
+        batch (KV caches written in place: this state is stale afterwards, the rows not in
+        `slots` keep their values)."""
+        chosen = range(other.batch) if rows is None else rows
+        if len(slots) != len(chosen):
+            raise ValueError(f"place: {len(slots)} slots for {len(chosen)} rows")
         lengths = list(self.lengths)
-        for slot, n in zip(slots, other.lengths):
-            lengths[slot] = n
-        return InferenceState(tuple(s.place(slots, o) for s, o in zip(self.layers, other.layers)),
-                              tuple(lengths))
+        for slot, r in zip(slots, chosen):
+            lengths[slot] = other.lengths[r]
+        return InferenceState(tuple(s.place(slots, o, rows)
+                                    for s, o in zip(self.layers, other.layers)), tuple(lengths))
 
     def remove(self, row: int) -> "InferenceState":
         """This batch without `row`; the last row moves into its place (KV moved in place: this
@@ -530,9 +544,15 @@ class InferenceState:
     @staticmethod
     def cat(states: Sequence["InferenceState"]) -> "InferenceState":
         """One batch of all rows of `states`, in order (new KV caches)."""
-        layers = tuple(type(parts[0]).cat(parts)  # type: ignore[attr-defined]
-                       for parts in zip(*(s.layers for s in states)))
-        return InferenceState(layers, tuple(n for s in states for n in s.lengths))
+        return InferenceState.gather([(s, range(s.batch)) for s in states])
+
+    @staticmethod
+    def gather(parts: Sequence[tuple["InferenceState", Sequence[int]]]) -> "InferenceState":
+        """One batch of the given rows of each state, in order (repeats fork a row; new KV
+        caches, each row copied once: `cat` of `select`s without the intermediate copies)."""
+        layers = tuple(type(first).cat([(s.layers[i], rows) for s, rows in parts])  # type: ignore[attr-defined]
+                       for i, first in enumerate(parts[0][0].layers))
+        return InferenceState(layers, tuple(s.lengths[r] for s, rows in parts for r in rows))
 
     def tensors(self) -> dict[str, Tensor]:
         """Named live tensors, e.g. for tests and byte counts (KV truncated to the lengths;
