@@ -31,16 +31,3 @@ def test_mixed_and_equal_workloads_have_the_same_jobs_and_tokens():
         assert not set(j.rng.record for j in p) & {j.rng.record for q in parts if q is not p
                                                    for j in q}
 
-
-def test_longest_prompts_first_within_windows_of_whole_records():
-    from evspark_cli.generation.jobs import Record, build_jobs
-    from evspark_cli.generation.run import longest_first
-
-    lengths = [5, 50, 20, 50, 8, 30]
-    recs = [Record.named(f"r{i}", "A" * n, 512) for i, n in enumerate(lengths)]
-    jobs = build_jobs(recs, DecodeOptions(4, 2, samples=2))
-    got = list(longest_first(jobs, 6))  # windows of 3 records (6 jobs)
-    assert sorted(j.index for j in got) == list(range(12))
-    assert [j.record for j in got][::2] == ["r1", "r2", "r0", "r3", "r5", "r4"]
-    assert all(a.record == b.record for a, b in zip(got[::2], got[1::2]))
-    assert list(longest_first(jobs, 0)) == jobs  # window 0: input order

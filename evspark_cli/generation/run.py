@@ -34,41 +34,6 @@ SPREAD_LIMIT = 0.2
 of their median ((max - min) / median), e.g. 2.0x, 2.3x and 2.6x (30%)."""
 
 
-ORDER_WINDOW = 4
-"""The decoder takes jobs longest prompt first within windows of this many batches' jobs."""
-
-
-def longest_first(jobs: Sequence[Job], window: int) -> Iterator[Job]:
-    """`jobs` in windows of `window` jobs (whole records: a window ends at a record's last
-    sample), each window's records by prompt length, longest first (ties in input order).
-
-    A batch then holds rows of similar lengths, long prefills come while the batch is full and
-    the run's tail holds short rows: 16 prompts of 64-8,192 bases x 4 samples ran in 0.96x the
-    time of input order at batch 32 (benchmarks/results/mixed_profile.json). Outputs do not
-    depend on the order (each row's random numbers are its own) and come back in input order."""
-    records: list[list[Job]] = []
-    count = 0
-
-    def flush() -> Iterator[Job]:
-        for rec in sorted(records, key=lambda r: -len(r[0].prompt)):  # stable: input order
-            yield from rec
-
-    for j in jobs:
-        if records and _same_record(records[-1][-1], j):
-            records[-1].append(j)
-        else:
-            if count >= window:
-                yield from flush()
-                records, count = [], 0
-            records.append([j])
-        count += 1
-    yield from flush()
-
-
-def _same_record(a: Job, b: Job) -> bool:
-    return a.rng.record == b.rng.record and a.prompt == b.prompt
-
-
 @dataclass
 class PairTiming:
     """One native pass and the speculative pass of the same jobs right after it."""
@@ -236,11 +201,9 @@ class GenerationRun:
         return out
 
     def _feed(self, p: Pass) -> Iterator[Job]:
-        """The pass's jobs for the decoder, in a batch longest prompts first within windows of
-        a few batches (`longest_first`; one row at a time, in input order), telling the observer
-        as it takes each one (the decoder pulls a job only when it starts it)."""
-        window = ORDER_WINDOW * self.batch_size if self.batch_size > 1 else 0
-        for j in longest_first(p.jobs, window):
+        """The pass's jobs for the decoder, telling the observer as it takes each one (the
+        decoder pulls a job only when it starts it)."""
+        for j in p.jobs:
             if self.observer is not None:
                 self.observer.job_started(j, p)
             yield j
