@@ -269,7 +269,7 @@ def main() -> None:
     ap.add_argument("--mixed-records", type=int, default=16)
     ap.add_argument("--mixed-longest", type=int, default=16384)
     ap.add_argument("--mixed-tokens", type=int, default=256)
-    ap.add_argument("--mixed-slices", type=int, default=2)
+    ap.add_argument("--mixed-slices", type=int, default=1)
     ap.add_argument("--parts", default="sweep,long,memory,single,mixed")
     a = ap.parse_args()
     if a.quick:
