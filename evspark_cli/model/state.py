@@ -25,7 +25,9 @@ States are immutable values, except the KV cache rows past a row's length, which
 space shared by a state and the blocks extended from it. A block is therefore valid until the
 next ``extend`` that writes to the same cache; committing a stale block raises. ``place`` and
 ``remove`` reuse the batch's KV caches in place: the state they are called on is stale after
-them. ``clone()`` gives an independent deep copy (the snapshot-and-replay baseline).
+them. ``clone()`` gives an independent deep copy (the snapshot-and-replay baseline). Where a
+cache keeps its rows (each row in a shelf of its size class, or one dense tensor for recorded
+graphs) is `kvcache.py`'s concern; the protocol above is the same for both.
 """
 from __future__ import annotations
 
