@@ -159,17 +159,13 @@ def peak_rss():
 
 def estimate(model, drafter, jobs, options: DecodeOptions, batch: int) -> int:
     """What `generate`'s memory check estimates for this batch (model excluded)."""
-    from evspark_cli.decode.batch import dense_layout
+    from evspark_cli.generation.plan import memory_inputs
     from evspark_cli.model.memory import run_memory
 
-    spec = drafter is not None
-    longest = max(len(j.prompt) for j in jobs)
-    needs = None if dense_layout(model) else [options.row_capacity(len(j.prompt), spec) + 1
-                                              for j in jobs]
+    context, block, needs = memory_inputs(model, jobs, options, drafter)
     dtype = next(model.parameters()).dtype
-    est = run_memory(model.config, dtype, dtype, options.row_capacity(longest, spec) + 1,
-                     options.block(spec), batch, with_parameters=False, needs=needs,
-                     chunk=model.prefill_chunk())
+    est = run_memory(model.config, dtype, dtype, context, block, batch, with_parameters=False,
+                     needs=needs, chunk=model.prefill_chunk())
     return est.total(min(batch, len(jobs)))
 
 

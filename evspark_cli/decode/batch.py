@@ -356,10 +356,10 @@ class BatchDecoder:
                 for c in self.state.caches():
                     c.reserve(self.capacity or 0)
             return
-        if len(parts) == 1:  # one record's rows: copied into their slots from its prefill
-            self.state = self.state.place(slots, parts[0][0], parts[0][1])
-        else:
-            self.state = self.state.place(slots, InferenceState.gather(parts))
+        at = 0
+        for state, forks in parts:  # each record's rows copied into their slots from its prefill
+            self.state = self.state.place(slots[at: at + len(forks)], state, forks)
+            at += len(forks)
         for s, r in zip(slots, rows):
             self.rows[s] = r
         if new_draft is not None:

@@ -45,13 +45,7 @@ def plan_batch(model: StripedHyena, jobs: Sequence[Job], options: DecodeOptions,
         raise SettingError.of("batch_size", f"must be an integer >= 1, got {batch_size!r}")
     want = batch_size or default_batch_size(model.device)
     rows = max(1, min(want, len(jobs)))
-    block = options.block(drafter is not None)
-    longest = max((len(j.prompt) for j in jobs), default=1)
-    speculative = drafter is not None
-    context = options.row_capacity(longest, speculative) + 1  # + the block's anchor
-    # rows in size classes (a CPU run): each row's own need; else every row at the longest
-    needs = None if dense_layout(model) else [
-        options.row_capacity(len(j.prompt), speculative) + 1 for j in jobs]
+    context, block, needs = memory_inputs(model, jobs, options, drafter)
     weights = next(model.parameters()).dtype
     loaded = sum(p.numel() * p.element_size() for p in model.parameters())
     budget = run_budget(model.device, max_memory, loaded)
@@ -62,3 +56,16 @@ def plan_batch(model: StripedHyena, jobs: Sequence[Job], options: DecodeOptions,
     check_batch_fits(model.config, weights, weights, rows, context, block, budget, needs=needs,
                      chunk=model.prefill_chunk())
     return rows
+
+
+def memory_inputs(model: StripedHyena, jobs: Sequence[Job], options: DecodeOptions,
+                  drafter: Drafter | None) -> tuple[int, int, list[int] | None]:
+    """What the memory estimate of a run takes: the longest row's context, the verification
+    block, and each job's KV positions when rows live in size classes (a CPU run; None in the
+    dense layout, where every row is at the longest context)."""
+    speculative = drafter is not None
+    longest = max((len(j.prompt) for j in jobs), default=1)
+    context = options.row_capacity(longest, speculative) + 1  # + the block's anchor
+    needs = None if dense_layout(model) else [
+        options.row_capacity(len(j.prompt), speculative) + 1 for j in jobs]
+    return context, options.block(speculative), needs

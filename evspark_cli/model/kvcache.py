@@ -49,16 +49,21 @@ def shelf_capacity(need: int, have: int = 0) -> int:
     return max(have, -(-need // step) * step)
 
 
+def by_class(needs: Sequence[int]) -> dict[int, list[int]]:
+    """Needs grouped by size class."""
+    classes: dict[int, list[int]] = {}
+    for n in needs:
+        classes.setdefault(size_class(n), []).append(n)
+    return classes
+
+
 def class_layout_bytes(needs: Sequence[int], per_position: int) -> tuple[int, int]:
     """What the class layout holds for rows of these needs: (bytes of every shelf, the largest
     extra a shelf's growth holds for a moment, its old tensors beside the new). Shelves as
     `Shelf` grows them: slots doubling from one, capacity the class's largest need rounded
     (`shelf_capacity`)."""
-    classes: dict[int, list[int]] = {}
-    for n in needs:
-        classes.setdefault(size_class(n), []).append(n)
     held, growth = 0, 0
-    for members in classes.values():
+    for members in by_class(needs).values():
         slots = 1 << max(0, len(members) - 1).bit_length()
         cap = shelf_capacity(max(members))
         held += slots * cap * per_position
@@ -316,10 +321,7 @@ class KVCache:
     def _presize(self, needs: Sequence[int]) -> None:
         """Empty shelves with room for rows of these needs (a new batch's rows, before they
         are copied in)."""
-        classes: dict[int, list[int]] = {}
-        for n in needs:
-            classes.setdefault(size_class(n), []).append(n)
-        for size, members in classes.items():
+        for size, members in by_class(needs).items():
             cap = max(members) if len(set(members)) == 1 else shelf_capacity(max(members))
             self.shelves.append(Shelf(len(members), cap, self.heads, self.head_dim, self.dtype,
                                       self.device, size))
@@ -330,8 +332,7 @@ class KVCache:
         need = max(capacity or src_shelf.capacity, n)
         shelf, slot = self._place_row(self.batch, need)
         self.at.append((shelf, slot))
-        shelf.k[slot, :, :n] = src_shelf.k[src_slot, :, :n]
-        shelf.v[slot, :, :n] = src_shelf.v[src_slot, :, :n]
+        _copy_row(shelf, slot, src_shelf, src_slot, n)
 
     def _place_row(self, row: int, need: int) -> tuple[Shelf, int]:
         """A zeroed slot for batch row `row` of `need` positions, in its class's shelf (the
@@ -357,15 +358,14 @@ class KVCache:
                 shelf, at = self.at[slot]
                 if n > shelf.capacity:
                     shelf.grow(0, max(n, src_shelf.capacity))
-                for t, s in ((shelf.k, src_shelf.k), (shelf.v, src_shelf.v)):
-                    t[at, :, :n] = s[src_slot, :, :n]
-                    t[at, :, n:] = 0  # the previous row's leftovers: zero, like a new cache
+                _copy_row(shelf, at, src_shelf, src_slot, n)
+                shelf.k[at, :, n:] = 0  # the previous row's leftovers: zero, like a new cache
+                shelf.v[at, :, n:] = 0
             else:
                 self._vacate(slot, lengths)
                 shelf, at = self._place_row(slot, max(src_shelf.capacity, n))
                 self.at[slot] = (shelf, at)
-                shelf.k[at, :, :n] = src_shelf.k[src_slot, :, :n]
-                shelf.v[at, :, :n] = src_shelf.v[src_slot, :, :n]
+                _copy_row(shelf, at, src_shelf, src_slot, n)
             lengths[slot] = n
         starts = [NOT_WRITTEN] * self.batch
         for slot in slots:
@@ -404,6 +404,12 @@ class KVCache:
             self.at.pop()
         self.note_write((0,) * (last + 1))  # every earlier state of this cache is now stale
         return self
+
+
+def _copy_row(dst: Shelf, slot: int, src: Shelf, src_slot: int, n: int) -> None:
+    """Positions 0..n-1 of src's slot `src_slot` into dst's slot `slot`."""
+    dst.k[slot, :, :n] = src.k[src_slot, :, :n]
+    dst.v[slot, :, :n] = src.v[src_slot, :, :n]
 
 
 def _clear_past_blocks(K: Tensor, V: Tensor, start: int, t0: Lengths, n: int) -> None:

@@ -41,7 +41,6 @@ from .kvcache import (  # noqa: F401 - re-exported: the cache's storage lives in
     ROW_CALL_KEYS,
     KVCache,
     attention_groups,
-    size_class,
 )
 from .rows import Lengths, positions_index, row_index, same_position  # noqa: F401
 
