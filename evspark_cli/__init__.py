@@ -10,7 +10,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .cpus import screen_cpu_env, take_cpu_env_warnings
+
 __version__ = "0.1.0"
+
+screen_cpu_env()  # before torch is imported: libgomp reads OMP_NUM_THREADS then (cpus.py)
 
 _API = {
     "load_model": "evspark_cli.model.checkpoint",
@@ -30,5 +34,15 @@ __all__ = [*_API, "__version__"]
 
 def __getattr__(name: str) -> Any:
     if name in _API:
+        _warn_environment()
         return vars(importlib.import_module(_API[name]))[name]
     raise AttributeError(f"module 'evspark_cli' has no attribute {name!r}")
+
+
+def _warn_environment() -> None:
+    """The malformed CPU variables found at import (cpus.py), for a Python caller: a
+    RuntimeWarning each, once (the command line shows them as warning lines instead)."""
+    import warnings
+
+    for message in take_cpu_env_warnings():
+        warnings.warn(f"evspark: {message}", RuntimeWarning, stacklevel=3)

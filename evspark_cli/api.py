@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .cpus import Threads, usable_cpus
+from .cpus import Threads, clamp_threads
 from .decode.drafters.base import Drafter
 from .decode.drafters.registry import resolve_drafter
 from .decode.jobs import RoundReport
-from .errors import at_least
-from .generation.jobs import Record, build_jobs, prompt_ids
+from .errors import GenerationError, at_least
+from .generation.jobs import Record, build_jobs, check_job_count, prompt_ids
 from .generation.options import DecodeOptions, check_context, check_gamma
 from .generation.plan import plan_batch
 from .generation.results import GenerateOutput
@@ -26,15 +26,16 @@ __all__ = ["GenerateOutput", "generate", "generate_many", "set_threads"]
 
 def set_threads(threads: int) -> Threads:
     """CPU threads for torch: `threads`, or for 0 the CPUs this process may use (affinity,
-    cgroup quota, scheduler variables: cpus.py), so a job never oversubscribes its allowance by
-    default. Returns what was set and why (the run's summary reports it)."""
+    cgroup quota, scheduler variables: cpus.py), so a job never oversubscribes its allowance.
+    A count above that is clamped to it (`Threads.clamped` says so): extra threads would only
+    compete for the same cores, and a huge count crashes the OpenMP runtime. Returns what was
+    set and why (the run's summary reports it)."""
     at_least("threads", threads, 0)
     import torch
 
-    allowed = usable_cpus()
-    n = threads or allowed.count
-    torch.set_num_threads(n)
-    return Threads(n, "--threads" if threads else allowed.source, allowed)
+    got = clamp_threads(threads)
+    torch.set_num_threads(got.count)
+    return got
 
 
 def _run(model: StripedHyena, records: list[Record], options: DecodeOptions,
@@ -42,23 +43,31 @@ def _run(model: StripedHyena, records: list[Record], options: DecodeOptions,
          max_memory: str | int | None, compare_native: bool = False,
          on_round: Callable[[RoundReport], None] | None = None,
          samples: range | None = None) -> list[GenerateOutput]:
-    """Every (record, sample) of `records` decoded in one run: outputs in input order; the
-    first failed job's error is raised."""
+    """Every (record, sample) of `records` decoded in one run: outputs in input order. Where
+    jobs fail, a GenerationError carries the finished outputs and each failure (or, for one
+    job alone, its own error is raised)."""
     d = resolve_drafter(model, drafter, force=force_drafter)
     check_gamma(d, options.largest_draft)
     for r in records:
         check_context(model, len(r.tokens), options.max_new_tokens, r.id)
+    # every output is kept until the call returns: refused up front when they cannot all fit
+    check_job_count(len(records), options.samples if samples is None else len(samples),
+                    kept_tokens=options.max_new_tokens)
     jobs = build_jobs(records, options, samples=samples)
     run = GenerationRun(model, d, options,
                         plan_batch(model, jobs, options, d, batch_size, max_memory),
                         compare_native=compare_native, on_round=on_round)
-    outs: list[GenerateOutput] = []
-    for o in run.outcomes(jobs):
+    outs: list[GenerateOutput | None] = []
+    errors: dict[int, Exception] = {}
+    for i, o in enumerate(run.outcomes(jobs)):
         if o.error is not None:
-            raise o.error
-        assert o.output is not None
+            errors[i] = o.error
         outs.append(o.output)
-    return outs
+    if errors and len(jobs) == 1:
+        raise errors[0]
+    if errors:
+        raise GenerationError(outs, errors)
+    return outs  # type: ignore[return-value]  # no job failed: every output is there
 
 
 def generate(model: StripedHyena, prompt: str | Sequence[int], max_new_tokens: int = 64,
@@ -102,7 +111,9 @@ def generate_many(model: StripedHyena,
     sample 0 gives what `generate(model, prompt)` gives) or a {record id: sequence} mapping (keyed
     by record id, as the command line keys a record); a single string is one prompt. Every
     prompt is checked as `generate` checks it (an InputError names `prompts[i]` or the record
-    id). Lossless per row whatever the batch size."""
+    id). Lossless per row whatever the batch size. When some jobs fail (a non-finite logit,
+    say), the others still run and a GenerationError is raised with every finished output
+    (`error.outputs`, None where a job failed) and the failures (`error.errors`, by index)."""
     options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed, samples,
                             rollback, rule, draft_length)
     records = Record.listed(prompts, model.config.vocab_size)

@@ -5,18 +5,40 @@ container a job is allowed far fewer: `taskset`/cpusets restrict the affinity ma
 quota (`cpu.max`, Docker's `--cpus`, systemd's CPUQuota) caps CPU time, and schedulers tell the
 job its share (`SLURM_CPUS_PER_TASK`, Grid Engine's `NSLOTS`, Snakemake's and others'
 `OMP_NUM_THREADS`). Running more threads than that oversubscribes the allowance, and a speed
-comparison made that way mostly measures contention. The smallest of these limits wins.
+comparison made that way mostly measures contention. The smallest of these limits wins, and an
+explicit thread count is clamped to it (a huge one would make the OpenMP runtime fail to create
+its threads).
+
+The variables are checked before torch is imported (`cpu_env_warnings`): libgomp and MKL read
+OMP_NUM_THREADS and MKL_NUM_THREADS then, and libgomp prints its own raw line for a malformed
+one, so EvSpark removes it and says why in its own words instead.
 """
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cgroups import PROC_CGROUP, ROOT, cgroup_dirs, read_text
+
 #: environment variables through which a scheduler or workflow manager states a job's CPUs
 CPU_ENV = ("SLURM_CPUS_PER_TASK", "NSLOTS", "OMP_NUM_THREADS")
+#: the thread counts the OpenMP runtime (libgomp) and MKL read when torch is imported
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+_SPACE = "[ \t\n\v\f\r]*"
+_UNSIGNED = _SPACE + r"\+?([0-9]+)" + _SPACE
+_FORMS = {
+    # libgomp: positive integers, comma-separated (one per nesting level), spaces around each
+    "OMP_NUM_THREADS": re.compile(f"{_UNSIGNED}(?:,{_UNSIGNED})*"),
+    "MKL_NUM_THREADS": re.compile(_UNSIGNED),
+}
+_SCHEDULER_FORM = re.compile(r"\s*([0-9]+)(?:\(x[0-9]+\))?(?:,[0-9]+(?:\(x[0-9]+\))?)*\s*")
+"""SLURM_CPUS_PER_TASK and NSLOTS: a count; SLURM's "4(x2)" (repeated counts) is read too."""
+_LARGEST = 2 ** 63 - 1  # libgomp refuses a count that does not fit a signed long
 
 
 @dataclass(frozen=True)
@@ -33,13 +55,6 @@ def affinity_cpus() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):  # macOS, Windows
         return os.cpu_count() or 1
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
 
 
 def _quota_v2(text: str | None) -> float | None:
@@ -63,38 +78,16 @@ def _quota_v1(quota: str | None, period: str | None) -> float | None:
     return q / p if q > 0 and p > 0 else None
 
 
-def _levels(root: Path, path: str) -> list[Path]:
-    """The cgroup folder of this process and its ancestors under a mount point. In a container
-    the mount is often the process's own cgroup while /proc shows the host's path, so every
-    level that exists is read; a quota anywhere on the way up applies."""
-    parts = [p for p in path.split("/") if p]
-    dirs = [root.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
-    return [d for d in dirs if d.is_dir()]
-
-
-def cgroup_cpus(proc_cgroup: Path = Path("/proc/self/cgroup"),
-                root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """The CPU-time quota of this process's cgroups (v2 `cpu.max` or v1 CFS), in CPUs; None
-    when there is none (or no cgroups: not Linux)."""
-    lines = (_read(proc_cgroup) or "").splitlines()
+def cgroup_cpus(proc_cgroup: Path = PROC_CGROUP, root: Path = ROOT) -> float | None:
+    """The CPU-time quota of this process's cgroups (v2 `cpu.max` or v1 CFS, at any level of
+    its own cgroup's path: cgroups.py), in CPUs; None when there is none (or no cgroups: not
+    Linux)."""
     quotas: list[float] = []
-    for line in lines:
-        fields = line.split(":", 2)
-        if len(fields) != 3:
-            continue
-        _, controllers, path = fields
-        if controllers == "":  # cgroup v2 (unified hierarchy)
-            for base in (root, root / "unified"):
-                for d in _levels(base, path):
-                    q = _quota_v2(_read(d / "cpu.max"))
-                    if q is not None:
-                        quotas.append(q)
-        elif "cpu" in controllers.split(","):  # cgroup v1
-            for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
-                for d in _levels(root / name, path):
-                    q = _quota_v1(_read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us"))
-                    if q is not None:
-                        quotas.append(q)
+    for version, d in cgroup_dirs("cpu", proc_cgroup, root):
+        q = (_quota_v2(read_text(d / "cpu.max")) if version == 2 else
+             _quota_v1(read_text(d / "cpu.cfs_quota_us"), read_text(d / "cpu.cfs_period_us")))
+        if q is not None:
+            quotas.append(q)
     return min(quotas) if quotas else None
 
 
@@ -108,9 +101,61 @@ def _env_cpus(environ: Mapping[str, str], name: str) -> int | None:
     return n if n > 0 else None
 
 
+def _well_formed(name: str, value: str) -> bool:
+    """Whether `value` of variable `name` is one its reader accepts: every count a positive
+    integer that fits a signed long, in the variable's form (`_FORMS`, `_SCHEDULER_FORM`)."""
+    form = _FORMS.get(name, _SCHEDULER_FORM)
+    if form.fullmatch(value) is None:
+        return False
+    if name in _FORMS:  # every count of the list
+        counts = re.findall(r"[0-9]+", value)
+    else:  # the first count, which `_env_cpus` reads
+        counts = [value.split("(")[0].split(",")[0]]
+    return all(0 < int(c) <= _LARGEST for c in counts)
+
+
+def cpu_env_warnings(environ: MutableMapping[str, str] | None = None) -> list[str]:
+    """Why each malformed CPU variable is ignored, one message each. A bad OMP_NUM_THREADS or
+    MKL_NUM_THREADS is removed from `environ` (default os.environ), so that libgomp, reading it
+    when torch is imported, does not print its own raw line; a bad SLURM_CPUS_PER_TASK or NSLOTS
+    is left for other programs and only ignored here (`usable_cpus`)."""
+    env = os.environ if environ is None else environ
+    out = []
+    for name in dict.fromkeys(CPU_ENV + THREAD_ENV):
+        value = env.get(name)
+        if value is None or _well_formed(name, value):
+            continue
+        if name in THREAD_ENV:
+            del env[name]
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        out.append(f"{name}={shown!r} is not a positive integer; ignored")
+    return out
+
+
+_PENDING: list[str] | None = None
+"""The warnings of this process's environment, found once (at the package's import, before
+torch is), until a front end shows them."""
+
+
+def screen_cpu_env() -> None:
+    """Check os.environ's CPU variables once per process (`cpu_env_warnings`), keeping the
+    warnings until `take_cpu_env_warnings`."""
+    global _PENDING
+    if _PENDING is None:
+        _PENDING = cpu_env_warnings()
+
+
+def take_cpu_env_warnings() -> list[str]:
+    """The environment's warnings not shown yet (each is shown once per process)."""
+    screen_cpu_env()
+    assert _PENDING is not None
+    taken = list(_PENDING)
+    _PENDING.clear()
+    return taken
+
+
 def usable_cpus(environ: Mapping[str, str] | None = None,
-                proc_cgroup: Path = Path("/proc/self/cgroup"),
-                root: Path = Path("/sys/fs/cgroup")) -> CpuLimit:
+                proc_cgroup: Path = PROC_CGROUP, root: Path = ROOT) -> CpuLimit:
     """The smallest of: the affinity mask, the cgroup quota (rounded up: 1.5 CPUs of quota
     keep two threads busy part of the time), and the CPU counts in CPU_ENV."""
     env = os.environ if environ is None else environ
@@ -134,12 +179,25 @@ class Threads:
     count: int
     source: str  # "--threads" when the user chose, else the CpuLimit's source
     allowed: CpuLimit
+    asked: int = 0  # the count the user asked for (0: none), before `clamp_threads`
 
     @property
-    def oversubscribed(self) -> bool:
-        """More threads than CPUs this process may use: they compete for the same cores."""
-        return self.count > self.allowed.count
+    def clamped(self) -> bool:
+        """The user asked for more threads than this process may use, and got fewer."""
+        return self.asked > self.count
 
     def describe(self) -> str:
         """For the summary line: "4 threads (SLURM_CPUS_PER_TASK)"."""
         return f"{self.count} thread{'s' if self.count != 1 else ''} ({self.source})"
+
+
+def clamp_threads(threads: int, allowed: CpuLimit | None = None) -> Threads:
+    """The threads to run for a request of `threads` (0: the CPUs this process may use): never
+    more than `allowed` (default `usable_cpus()`). More threads than CPUs only compete for the
+    same cores, and a huge count makes the OpenMP runtime fail to create them (a crash)."""
+    limit = usable_cpus() if allowed is None else allowed
+    if threads <= 0:
+        return Threads(limit.count, limit.source, limit)
+    if threads > limit.count:
+        return Threads(limit.count, limit.source, limit, asked=threads)
+    return Threads(threads, "--threads", limit, asked=threads)

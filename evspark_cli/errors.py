@@ -74,6 +74,26 @@ class RunError(EvsparkError):
     exit_code = 1
 
 
+class GenerationError(RunError):
+    """Some outputs of an API call failed: `outputs` holds every output in input order, None
+    where its job failed, and `errors` the failures by that index, so the finished outputs are
+    never lost with the failed ones. The message names how many failed and the first error."""
+
+    def __init__(self, outputs: list, errors: dict[int, Exception]) -> None:
+        first = min(errors)
+        n = len(errors)
+        super().__init__(f"{n} of {len(outputs)} output{'s' if len(outputs) != 1 else ''} "
+                         f"failed (the first, output {first}: {errors[first]}); the others are "
+                         "in this error's outputs")
+        self.outputs, self.errors = outputs, errors
+
+
+class StdoutError(RunError):
+    """Standard output refused the data (a full disk, an I/O error: exit 1, like any output
+    failing mid-run). A reader that went away is not one: that stays a BrokenPipeError, which
+    the command line ends quietly (exit 141)."""
+
+
 def literal(text: str) -> str:
     """`text` as a template that formats to itself (its braces doubled)."""
     return text.replace("{", "{{").replace("}", "}}")

@@ -1,4 +1,5 @@
-"""Files as the kernel sees them: which paths are the same file, and writing one atomically.
+"""Files as the kernel sees them: which paths are the same file, writing one atomically, and
+writing standard output so that its failure is a one-line error.
 
 Which paths are the same file is decided by (device, inode), never by names.
 
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .errors import InputError, ModelError, SettingError, literal
+from .errors import InputError, ModelError, SettingError, StdoutError, literal
 
 FileKey = tuple
 """(st_dev, st_ino) of an existing file, or (st_dev, st_ino, name) of a name in a folder."""
@@ -55,18 +57,59 @@ class Output:
         return [self.path, *(self.path + s for s in self.companions)]
 
 
-def check_distinct(inputs: Iterable[str | os.PathLike[str]] | None,
-                   outputs: Sequence[Output]) -> None:
+@dataclass(frozen=True)
+class Input:
+    """A file a run reads, when a plain path does not say enough: `what` it is, for the
+    message (`the index of g.fa`), and whether the run may `create` it (an index built on the
+    way), so that its name is refused as an output even while no file has it."""
+
+    path: str
+    what: str = ""
+    create: bool = False
+
+
+PathLike = str | os.PathLike[str]
+RunInput = PathLike | Input
+
+
+def folder_inputs(folder: PathLike, what: str) -> list[Input]:
+    """The files directly in `folder` (a model or drafter folder), each described as `what`:
+    a run reads its folder's files, so an output must not be one of them."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:  # a missing folder is reported where it is loaded
+        return []
+    paths = (os.path.join(folder, n) for n in names)
+    return [Input(p, what) for p in paths if os.path.isfile(p)]
+
+
+def _input_keys(inputs: Iterable[RunInput] | None) -> dict[FileKey, Input]:
+    """The inputs by identity: an existing file by its own, one the run may create by its name
+    in its folder; standard input and missing files left out (reading reports them)."""
+    ins: dict[FileKey, Input] = {}
+    for item in inputs or []:
+        inp = item if isinstance(item, Input) else Input(os.fspath(item))
+        if inp.path == "-" or not (inp.create or os.path.exists(inp.path)):
+            continue
+        key = file_key(inp.path)
+        if key is not None:
+            ins.setdefault(key, inp)
+    return ins
+
+
+def _also(inp: Input, f: str) -> str:
+    """What an output also is, for the refusal: the input's path when another name reaches it,
+    and what it is."""
+    parts = [p for p in (inp.path if inp.path != f else "", inp.what) if p]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def check_distinct(inputs: Iterable[RunInput] | None, outputs: Sequence[Output]) -> None:
     """Refuse (InputError) an output file that is an input, or that two outputs would both
     write (an output named like another's `.partial`): compared by identity, so a bind mount or
-    a hard link to an input is caught too."""
-    ins: dict[FileKey, str] = {}
-    for p in inputs or []:
-        p = os.fspath(p)
-        if p != "-" and os.path.exists(p):
-            key = file_key(p)
-            if key is not None:
-                ins.setdefault(key, p)
+    a hard link to an input is caught too. `inputs`: paths, or `Input`s that say what they
+    are."""
+    ins = _input_keys(inputs)
     written: dict[FileKey, tuple[Output, str]] = {}
     for out in outputs:
         for f in out.files():
@@ -75,8 +118,8 @@ def check_distinct(inputs: Iterable[str | os.PathLike[str]] | None,
                 continue
             if key in ins:
                 what = f" {out.path}" if f == out.path else f" {out.path} (its {f})"
-                also = "" if ins[key] == f else f" ({ins[key]})"
-                raise _refusal(out, f"{what} is also an input{also}; it would be overwritten")
+                raise _refusal(out, f"{what} is also an input{_also(ins[key], f)}; it would be "
+                               "overwritten")
             if key in written:
                 other, g = written[key]
                 if other.option == out.option:
@@ -119,6 +162,19 @@ def atomic_path(path: str) -> Iterator[str]:
     finally:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+
+
+def write_stdout(text: str) -> None:
+    """`text` on standard output, flushed (so that a failure surfaces here, not at exit). A
+    write that fails (`> /dev/full`) is a StdoutError naming it; a closed pipe stays a
+    BrokenPipeError (the reader went away: not an error)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise StdoutError(f"standard output: {e.strerror or e}") from None
 
 
 def _umask() -> int:

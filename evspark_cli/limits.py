@@ -3,14 +3,19 @@
 A prompt longer than the model's context is useless without `--prompt-tail`, so reading stops
 there (`context_cap`) instead of holding an endless input in memory. Scoring tiles a record
 into passes of `context + window` tokens: a pass longer than the model's context, or a run whose
-passes or saved logits do not fit in memory, is refused up front (`score_windows`).
+passes or saved logits do not fit in memory, is refused up front (`score_windows`). And an
+output must not overwrite anything the run reads: `run_inputs` lists it all (the FASTA files and
+their indexes, the BED file, the model's and the drafter's folders) for `files.check_distinct`.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
+from .bundled import default_model_dir
 from .errors import ModelError, SettingError
+from .files import RunInput, folder_inputs
+from .io.indexed import index_files
 from .io.types import LengthCap
 from .model.checkpoint import CONFIG, model_folder
 from .model.config import ModelConfig
@@ -49,7 +54,8 @@ def score_cap(budget: Budget) -> LengthCap | None:
     """The longest record `score` can hold in `budget` (None: no limit known)."""
     if budget.bytes is None:
         return None
-    return LengthCap(budget.bytes // SCORE_BYTES_PER_BASE, f"what fits in {budget.source}")
+    return LengthCap(budget.bytes // SCORE_BYTES_PER_BASE, f"what fits in {budget.source}",
+                     budget.setting)
 
 
 def score_windows(cfg: ModelConfig, context: int | None, window: int | None,
@@ -85,3 +91,38 @@ def score_windows(cfg: ModelConfig, context: int | None, window: int | None,
                                MAX_MEMORY)
     return context, window
 
+
+def run_inputs(inputs: Sequence[str] | None, bed: str | None = None,
+               model_dir: str | Path | None = None, drafters: Sequence[str | Path | None] = (),
+               index_dir: str | None = None) -> list[RunInput]:
+    """Every file a run reads, for the check that no output is one of them: each FASTA input
+    with the index files a region read of it reads or builds, the BED file, every file of the
+    model folder (None: the bundled target) and of each drafter's folder (a name such as
+    `dspark` means the model's own drafter). What does not exist yet is reported where it is
+    read; this only names files."""
+    from .decode.drafters.registry import drafter_folder
+
+    found: list[RunInput] = []
+    for path in inputs or []:
+        if path != "-":  # standard input: no file
+            found += [path, *index_files(path, index_dir)]
+    if bed is not None:
+        found.append(bed)
+    folder = model_path(model_dir)
+    if folder is not None:
+        found += folder_inputs(folder, f"in the model folder {folder}")
+    for spec in drafters:
+        d = drafter_folder(folder, spec)
+        if d is not None:
+            found += folder_inputs(d, f"in the drafter folder {d}")
+    return found
+
+
+def model_path(model_dir: str | Path | None) -> Path | None:
+    """The folder `model_dir` names (None: the bundled target's), if there is one; unchecked
+    (loading the model checks it)."""
+    try:
+        folder = Path(model_dir) if model_dir is not None else default_model_dir()
+    except ModelError:  # no bundled model: loading it reports that
+        return None
+    return folder if folder.is_dir() else None

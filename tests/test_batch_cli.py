@@ -8,6 +8,7 @@ cannot fit in memory is refused up front, naming the largest that fits.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def test_a_batch_that_does_not_fit_is_refused_naming_the_largest(tmp_path, model
                                                                  monkeypatch):
     import re
 
-    monkeypatch.setenv("EVSPARK_MAX_MEMORY", "30M")  # the tiny model: ~0.8 MB of state per row
+    # the tiny model: ~0.8 MB of state per row; the limit counts what this process holds too
+    monkeypatch.setenv("EVSPARK_MAX_MEMORY", held_plus(60 << 20))
     r = run_cli(gen(model, src, "-n", 3000, "--samples", 8, "--batch-size", 32))
     err = r.err.strip().splitlines()
     assert r.code == 2 and len(err) == 1, r.err
@@ -129,7 +131,7 @@ def test_a_batch_that_does_not_fit_is_refused_naming_the_largest(tmp_path, model
 
 
 @pytest.mark.parametrize("args,memory", [(["-n", 4, "-b", 0], None), (["-n", 4, "-b", -1], None),
-                                         (["-n", 3000, "--samples", 8, "-b", 32], "30M")],
+                                         (["-n", 3000, "--samples", 8, "-b", 32], 30 << 20)],
                          ids=["zero", "negative", "too-big-for-memory"])
 def test_a_refused_batch_size_leaves_no_partial(tmp_path, model, src, monkeypatch, args,
                                                 memory):
@@ -137,7 +139,7 @@ def test_a_refused_batch_size_leaves_no_partial(tmp_path, model, src, monkeypatc
     refused run leaves no `.partial` that the next run would refuse as an interrupted run's."""
     out, stats = tmp_path / "o.fa", tmp_path / "o.tsv"
     if memory is not None:
-        monkeypatch.setenv("EVSPARK_MAX_MEMORY", memory)
+        monkeypatch.setenv("EVSPARK_MAX_MEMORY", held_plus(memory))
     r = run_cli(gen(model, src, *args, "-o", out, "--stats", stats))
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
     assert "--batch-size" in r.err, r.err
@@ -156,17 +158,43 @@ def test_an_absurd_batch_size_is_clamped_before_allocation(tmp_path, model, src)
     assert "non_tie_divergences=0" in r.out
 
 
+def test_verify_checks_its_batch_against_memory(tmp_path, model, src, monkeypatch):
+    """`verify -b N` plans its batch as `generate` does: one that does not fit in the memory
+    limit is refused before any decoding, naming the largest that fits."""
+    import evspark_cli as evs
+    from evspark_cli.decode.drafters.registry import resolve_drafter
+    from evspark_cli.generation.jobs import Record, build_jobs
+    from evspark_cli.generation.options import DecodeOptions
+    from evspark_cli.generation.plan import memory_inputs
+    from evspark_cli.io.fasta import read_prompts
+    from evspark_cli.model.memory import run_memory
+
+    m = evs.load_model(model)
+    opts = DecodeOptions(3000, gamma=3)
+    jobs = build_jobs([Record.of(p, m.config.vocab_size) for p in read_prompts([str(src)])],
+                      opts)
+    context, block, needs = memory_inputs(m, jobs, opts, resolve_drafter(m, "kmer"))
+    three = run_memory(m.config, torch_float32(), torch_float32(), context, block, 3,
+                       with_parameters=False, needs=needs, chunk=m.prefill_chunk()).total(3)
+    monkeypatch.setenv("EVSPARK_MAX_MEMORY", held_plus(three))  # about 3 of its 7 rows fit
+    r = run_cli(["verify", src, "--model", model, "-n", 3000, "--drafter", "kmer", "--gamma", 3,
+                 "--batch-size", 32, "--threads", 1, "-q"])
+    err = r.err.strip().splitlines()
+    assert r.code == 2 and len(err) == 1, r.err
+    got = re.search(r"the largest batch that fits is (\d+) \(--batch-size \1\)", err[0])
+    assert got and 1 <= int(got.group(1)) < 7, err[0]
+
+
 def test_a_default_batch_that_does_not_fit_is_lowered_with_a_warning(tmp_path, model, src,
                                                                       monkeypatch):
     import evspark_cli as evs
     from evspark_cli.model.memory import run_memory
 
     m = evs.load_model(model)
-    loaded = sum(p.numel() * p.element_size() for p in m.parameters())
     context = 130 + 4 + 13 + 16  # about the longest prompt + -n + a verification block
     est = run_memory(m.config, torch_float32(), torch_float32(), context, 13, 3,
                      with_parameters=False)
-    monkeypatch.setenv("EVSPARK_MAX_MEMORY", str(loaded + est.total(3)))
+    monkeypatch.setenv("EVSPARK_MAX_MEMORY", held_plus(est.total(3)))
     out = tmp_path / "o.fa"
     r = run_cli(gen(model, src, "-n", 4, "--samples", 8, "-o", out))
     assert r.code == 0, r.err
@@ -179,6 +207,14 @@ def test_a_default_batch_that_does_not_fit_is_lowered_with_a_warning(tmp_path, m
     ref = tmp_path / "ref.fa"
     ok(gen(model, src, "-n", 4, "--samples", 8, "--batch-size", 1, "-o", ref))
     assert out.read_bytes() == ref.read_bytes()
+
+
+def held_plus(nbytes: int) -> str:
+    """A memory limit of `nbytes` beyond what this process holds now (which a fixed limit
+    counts: these runs are in-process)."""
+    from evspark_cli.model.memory import process_bytes
+
+    return str(process_bytes() + nbytes)
 
 
 def torch_float32():
@@ -219,6 +255,35 @@ def test_generate_many_is_generate_for_each_prompt_and_sample(model):
     # a mapping keys records by id, as the command line does
     by_id = evs.generate_many(m, {"a": prompts[0]}, max_new_tokens=5, drafter="kmer")
     assert by_id[0].stats["record_id"] == "a"
+
+
+def test_generate_many_keeps_the_finished_outputs_when_a_job_fails(model, monkeypatch):
+    """One failing record does not discard the others: GenerationError carries every finished
+    output (the same tokens as a run without the failure) and the failure by its index."""
+    import evspark_cli as evs
+    from evspark_cli.decode.batch import BatchDecoder
+    from evspark_cli.errors import GenerationError
+
+    m = evs.load_model(model)
+    prompts = {"a": "ACGTTAGCAGGC", "b": "GGGCATTAGC", "c": "TTGACA"}
+    kw = dict(samples=2, batch_size=2, max_new_tokens=9, drafter="kmer", gamma=3, seed=4)
+    clean = evs.generate_many(m, prompts, **kw)
+    real = BatchDecoder._prefilled
+
+    def faulty(self, job):
+        if job.label.startswith("b"):
+            raise RuntimeError("planted fault")
+        return real(self, job)
+
+    monkeypatch.setattr(BatchDecoder, "_prefilled", faulty)
+    with pytest.raises(GenerationError, match=r"2 of 6 outputs failed \(the first, output 2: "
+                                              r"planted fault\)") as got:
+        evs.generate_many(m, prompts, **kw)
+    err = got.value
+    assert sorted(err.errors) == [2, 3] and err.exit_code == 1
+    assert [o is None for o in err.outputs] == [False, False, True, True, False, False]
+    assert [o.tokens for o in err.outputs if o is not None] == [
+        o.tokens for i, o in enumerate(clean) if i not in (2, 3)]
 
 
 def test_bench_throughput_section(tmp_path, model, src):

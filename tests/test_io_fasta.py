@@ -12,6 +12,7 @@ import gzip
 import io
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -774,3 +775,28 @@ def test_fuzz_valid_fasta_round_trips_through_generate(battery_models, records):
     assert [g[0] for g in got] == [f"{rid}.ext" for rid, _s, _w in records]
     for (rid, seq, _w), (_gid, gseq) in zip(records, got):
         assert gseq[: len(seq)] == seq.upper() and len(gseq) == len(seq) + 2
+
+
+@pytest.mark.parametrize("by", ["records", "regions"])
+def test_a_record_too_long_for_the_model_fails_only_its_own_shard(short_model: Path,
+                                                                    tmp_path: Path, by: str):
+    """Records (or regions) of other shards are read only as far as their structure: a record
+    longer than the model's context refuses the shard that holds it, the others run."""
+    src = fasta_file(tmp_path, "tl.fa", ">a\n" + "ACGT" * 40 + "\n>b\nACGTACGT\n>c\nACGTAAAA\n"
+                     ">d\nACGTTTTT\n")
+    extra: list = []
+    if by == "regions":
+        bed = tmp_path / "tl.bed"
+        bed.write_text("a\t0\t150\nb\t0\t8\nc\t0\t8\nd\t0\t8\n")
+        extra = ["--regions", bed]
+    what = "tl.fa" + (" (region a:1-150)" if by == "regions" else "")
+    args = ["generate", src, *extra, "--model", short_model, *FAST, "-n", 4]
+    refused(f"a too-long {by[:-1]} in its shard (1/3)", [*args, "--shard", "1/3"], 2,
+            re.escape(what) + re.escape(" is longer than the model's context (64 bases); use "
+                                        "--prompt-tail N"), tmp_path, MODEL_CTX64=short_model)
+    for i in (2, 3):
+        r = worked(f"another shard (2/3, 3/3) of the input with a too-long {by[:-1]}",
+                   [*args, "--shard", f"{i}/3", "-o", tmp_path / f"s{i}.fa"], tmp_path,
+                   "exit 0: its own records written", MODEL_CTX64=short_model)
+        assert r.code == 0
+        assert (tmp_path / f"s{i}.fa").read_text().count(">") == 1  # b, then c

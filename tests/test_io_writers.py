@@ -550,3 +550,144 @@ def test_a_partial_replaced_under_a_live_run_is_not_renamed(phix_model: Path, tm
     rescue = Path(re.search(r"are in (\S+) \(", line)[1])
     assert [ln.split()[0] for ln in rescue.read_text().splitlines() if ln.startswith(">")] == \
         [">r1.cont", ">r2.cont", ">r3.cont"]
+
+
+# ------------------------------------- every file a run reads (BED, indexes, model, drafter)
+
+
+BED = "r1\t0\t10\n"
+
+
+def _model_copy(model: Path, d: Path) -> Path:
+    """A copy of `model` a refusal that failed would clobber, instead of the shared one."""
+    return Path(shutil.copytree(model, d / "model"))
+
+
+@pytest.mark.parametrize("cmd,out", [
+    (["generate", "-n", 4], ["-o"]), (["generate", "-n", 4, "-o", "x.fa"], ["--stats"]),
+    (["score"], ["-o"]), (["score"], ["--logits"]), (["verify", "-n", 4], ["--report"]),
+], ids=["generate-o", "generate-stats", "score-o", "score-logits", "verify-report"])
+def test_an_output_onto_the_bed_file_is_refused(phix_model: Path, tmp_path: Path, cmd, out):
+    bed = w(tmp_path, "rr.bed", BED)
+    src = fasta_file(tmp_path)
+    flag = "--output" if out[0] == "-o" else out[0]
+    args = [cmd[0], src, "--regions", bed, "--model", phix_model, *FAST,
+            *[tmp_path / a if str(a).endswith(".fa") else a for a in cmd[1:]], *out, bed]
+    refused(f"{cmd[0]} {out[0]} onto its --regions BED file", args, 2,
+            rf"^evspark: error: {flag} \S*rr\.bed is also an input; it would be overwritten$",
+            tmp_path, MODEL=phix_model)
+    assert bed.read_text() == BED
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.fa", "rr.bed"]
+
+
+@pytest.mark.parametrize("name,exists", [("in.fa.fai", False), ("in.fa.fai", True),
+                                         ("in.fa.gz.gzi", False)],
+                         ids=["fai-to-be-built", "fai", "gzi"])
+def test_an_output_onto_the_fasta_index_is_refused(phix_model: Path, tmp_path: Path, name,
+                                                   exists):
+    """The `.fai` (and a BGZF input's `.gzi`) a region read reads or builds beside its input
+    is an input too, whether or not it exists yet."""
+    src = fasta_file(tmp_path)
+    if name.endswith(".gzi"):
+        from Bio import bgzf
+
+        with bgzf.BgzfWriter(str(tmp_path / "in.fa.gz"), "wb") as f:
+            f.write(src.read_bytes())
+        src.unlink()
+        src = tmp_path / "in.fa.gz"
+    if exists:
+        w(tmp_path, name, "r1\t22\t10\t22\t23\n")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    refused(f"-o the input's {name.rsplit('.', 1)[1]}" + (" (existing)" if exists else ""),
+            ["generate", src, "--model", phix_model, *FAST, "-n", 4, "-o", tmp_path / name], 2,
+            rf"--output \S*{re.escape(name)} is also an input \(the index of \S*in\.fa"
+            r"(\.gz)?\); it would be overwritten", tmp_path, MODEL=phix_model)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_an_output_into_the_model_folder_is_refused(phix_model: Path, tmp_path: Path):
+    model = _model_copy(phix_model, tmp_path)
+    before = (model / "config.json").read_bytes()
+    src = fasta_file(tmp_path)
+    refused("-o MODEL/config.json", ["generate", src, "--model", model, *FAST, "-n", 4, "-o",
+                                     model / "config.json"], 2,
+            r"--output (\S+)/config\.json is also an input \(in the model folder \1\); it "
+            r"would be overwritten", tmp_path, MODEL=model)
+    refused("score --logits MODEL/model.safetensors",
+            ["score", src, "--model", model, *FAST, "--logits", model / "model.safetensors"],
+            2, r"--logits (\S+)/model\.safetensors is also an input \(in the model folder "
+               r"\1\)", tmp_path, MODEL=model)
+    assert (model / "config.json").read_bytes() == before
+
+
+def test_an_output_into_the_drafter_folder_is_refused(phix_model: Path, tmp_path: Path):
+    """A drafter folder, given as a folder or as the model's own (`dspark`, `auto`), is read
+    too (the refusal comes before it is loaded, so these stand-in files are never parsed)."""
+    model = _model_copy(phix_model, tmp_path)
+    own = model / "drafters" / "seed0"
+    own.mkdir(parents=True)
+    w(own, "config.json", "{}")
+    other = tmp_path / "drafter"
+    other.mkdir()
+    w(other, "model.safetensors", "weights")
+    src = fasta_file(tmp_path)
+    for drafter, out in (("dspark", own / "config.json"), ("auto", own / "config.json"),
+                         (other, other / "model.safetensors")):
+        name = "DRAFTER" if drafter == other else drafter
+        refused(f"--drafter {name} -o a file of that drafter's folder",
+                ["generate", src, "--model", model, *FAST, "-n", 4, "--drafter", drafter,
+                 "-o", out], 2,
+                r"--output \S+ is also an input \(in the drafter folder \S+\); it would be "
+                r"overwritten", tmp_path, MODEL=model, DRAFTER=other)
+    assert (own / "config.json").read_text() == "{}"
+    assert (other / "model.safetensors").read_text() == "weights"
+
+
+def test_bench_distill_and_train_refuse_an_output_onto_what_they_read(phix_model: Path,
+                                                                      tmp_path: Path):
+    model = _model_copy(phix_model, tmp_path)
+    w(model, "report.md", "the model's own notes")
+    src = fasta_file(tmp_path)
+    refused("bench -o MODEL holding a report.md",
+            ["bench", "--model", model, "--prompts", src, "-o", model, *FAST], 2,
+            r"--output (\S+)/report\.md is also an input \(in the model folder \1\)",
+            tmp_path, MODEL=model)
+    assert (model / "report.md").read_text() == "the model's own notes"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    w(cache, "config.json", "{}")
+    refused("distill -o its teacher cache",
+            ["distill", "--model", model, "--cache", cache, "-o", cache, *FAST], 2,
+            r"--output \S*cache/config\.json is also an input \(in the teacher cache "
+            r"\S*cache\)", tmp_path, MODEL=model)
+    assert (cache / "config.json").read_text() == "{}"
+    run = tmp_path / "run"
+    run.mkdir()
+    config = w(run, "config.json", json.dumps({
+        "out_dir": str(run), "model": json.loads((model / "config.json").read_text()),
+        "train": [str(src)], "valid": [], "steps": 2, "window": 8, "batch_size": 2}))
+    before = config.read_text()
+    refused("train --export onto its own --config",
+            ["train", "--config", config, "--export", run, "-q"], 2,
+            r"--export \S*run/config\.json is also an input", tmp_path, MODEL=model)
+    assert config.read_text() == before
+
+
+def test_run_inputs_lists_every_file_a_run_reads(tmp_path: Path, phix_model: Path):
+    """The list behind the refusals: FASTA files with their indexes (and their entry in an
+    index folder), the BED file, the model's files and the drafter's."""
+    from evspark_cli.files import Input, Output, check_distinct
+    from evspark_cli.limits import run_inputs
+
+    src = str(fasta_file(tmp_path))
+    index_dir = tmp_path / "idx"
+    index_dir.mkdir()
+    found = run_inputs([src, "-"], bed="r.bed", model_dir=phix_model, drafters=["kmer"],
+                       index_dir=str(index_dir))
+    paths = [x.path if isinstance(x, Input) else x for x in found]
+    assert paths[:2] == [src, src + ".fai"] and "r.bed" in paths and "-" not in paths
+    assert {str(phix_model / "config.json"), str(phix_model / "model.safetensors")} <= set(paths)
+    cached = [x for x in found if isinstance(x, Input) and x.path.startswith(str(index_dir))]
+    assert cached and all(x.create for x in cached)
+    with pytest.raises(InputError, match=r"is also an input \(the index of \S*in\.fa\)"):
+        check_distinct(found, [Output("--output", cached[1].path)])

@@ -7,6 +7,9 @@ bad option values of tests/RELIABILITY.md run here too, through `evspark generat
 from __future__ import annotations
 
 import json
+import re
+import resource
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,14 +17,23 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from battery import (  # noqa: E402
+    ADDRESS_LIMIT,
     FAST,
+    GIB,
     Case,
     Models,
+    bounded,
     case_ids,
     check_bad_input,
+    child_env,
     fasta_file,
     gen,
+    only_error_line,
+    record,
     refused,
+    run_child,
+    shorten,
+    show,
 )
 from tiny import PHIX, one_line_error, run_cli, tiny_config  # noqa: E402
 
@@ -43,6 +55,11 @@ from evspark_cli.train.pretrain import RunOptions, load_train_config  # noqa: E4
     ({"seed": 1.5}, "seed must be an integer, got 1.5"),
     ({"rollback": "undo"}, "rollback must be slice or replay, got 'undo'"),
     ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+    ({"samples": 10 ** 9},
+     "samples must be <= 1,000,000 (continuations of one record), got 1000000000"),
+    ({"max_new_tokens": 10 ** 12},
+     "max_new_tokens must be <= 1,000,000,000 (no model's context is that long), got "
+     "1000000000000"),
 ])
 def test_decode_options_cannot_hold_a_bad_value(kwargs, message):
     with pytest.raises(InputError) as e:
@@ -149,6 +166,12 @@ BAD_INPUT_CASES: list[Case] = [
          r"--temperature must be a finite number >= 0"),
     Case("--top-k -1", gen("--top-k", -1), 2, r"--top-k must be an integer >= 0"),
     Case("--samples 0", gen("--samples", 0), 2, r"--samples must be >= 1"),
+    Case("--samples 10^9", gen("--samples", 10 ** 9), 2,
+         r"^evspark: error: --samples must be <= 1,000,000 \(continuations of one record\), got "
+         r"1000000000$"),
+    Case("-n 10^12", gen("-n", 10 ** 12), 2,
+         r"^evspark: error: --max-new-tokens must be <= 1,000,000,000 \(no model's context is "
+         r"that long\), got 1000000000000$"),
     Case("--shard 3/2", gen("--shard", "3/2"), 2, r"--shard 3/2: need 1 <= I <= N"),
     Case("--shard malformed", gen("--shard", "half"), 2, r"--shard must look like I/N"),
     Case("--prompt-tail 0", gen("--prompt-tail", 0), 2, r"--prompt-tail must be an integer >= 1"),
@@ -232,3 +255,185 @@ def test_api_prompts_are_checked_like_the_command_line(random_model):
     for prompt in (None, 5, {"a": "ACGT"}, "AC GT"):
         with pytest.raises(InputError, match="^prompt"):
             evs.generate(m, prompt, **kw)
+
+
+# ------------------------------------- every size a user sets is bounded before any allocation
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED_DRAFTER = ROOT / "models" / "evspark-sh2-192" / "drafters" / "seed0"
+
+
+def in_child(case: str, args: list, d: Path, normal: int, code: int = 0, pattern: str = "",
+             result: str = "", env: dict[str, str] | None = None, **names: Path) -> str:
+    """`evspark ARGS` in a child process (battery.run_child: its address space limited, a
+    timeout) with `env` set: exit `code` within 1 GiB of a normal run's peak; a refusal is one
+    error line matching `pattern`, a run that works is recorded as `result`. Its stderr."""
+    env = env or {}
+    rc, err, peak = run_child(args, d, **env)
+    extra = max(peak - normal, 0) >> 20
+    what = shorten(only_error_line(err), d, **names) if code else result
+    shown = "".join(f"{k}={v} " for k, v in env.items()) + show(args, d, **names)
+    record("hostile", case, shown, rc, f"{what} [bounded: peak {extra} MiB above a normal run's]")
+    assert rc == code, err
+    assert re.search(pattern, what), f"{what!r} does not match {pattern!r}"
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert peak < normal + GIB, f"peak {peak / GIB:.2f} GiB vs a normal run's {normal / GIB:.2f}"
+    return err
+
+
+def test_generate_sizes_are_bounded(phix_model, tmp_path, normal_peak):
+    """A batch above the sequences is clamped to them, as is a --gamma above the tokens asked
+    (the confidence schedule was sized by it); --samples far above what memory holds is refused
+    before a single job is built."""
+    src = fasta_file(tmp_path)
+    base = ["generate", src, "--model", phix_model, *FAST, "-n", 4]
+    bounded("generate --samples 10^9", [*base, "--samples", 10 ** 9], 2,
+            r"--samples must be <= 1,000,000", tmp_path, normal_peak, MODEL=phix_model)
+    in_child("generate --samples 10^6 in 1 GiB (EVSPARK_MAX_MEMORY)",
+             [*base, "--samples", 10 ** 6, "-o", tmp_path / "o.fa"], tmp_path, normal_peak, 2,
+             r"^evspark: error: 3 records x --samples 1,000,000 are 3,000,000 sequences; their "
+             r"bookkeeping alone needs about 2\.86 GiB of memory, 1\.00 GiB is available; use "
+             r"fewer --samples or records$", env={"EVSPARK_MAX_MEMORY": "1G"}, MODEL=phix_model)
+    assert not list(tmp_path.glob("o.fa*"))
+    err = in_child("generate -b 10^9", [*base, "-b", 10 ** 9], tmp_path, normal_peak,
+                   result="3 sequences decoded in one batch of 3 rows", MODEL=phix_model)
+    assert ", batch 3" in err.strip().splitlines()[-1], err
+    err = in_child("generate --draft-length confidence --gamma 10^9",
+                   [*base, "--drafter", "kmer", "--top-k", 1, "--draft-length", "confidence",
+                    "--gamma", 10 ** 9, "-b", 10 ** 9], tmp_path, normal_peak,
+                   result="works: the schedule is sized by the drafts a round can use (3)",
+                   MODEL=phix_model)
+    assert "3 sequences written" in err, err
+
+
+def test_verify_and_score_sizes_are_bounded(phix_model, tmp_path, normal_peak):
+    src = fasta_file(tmp_path)
+    in_child("verify -b 10^9 --draft-length confidence --gamma 10^9",
+             ["verify", src, "--model", phix_model, *FAST, "-n", 4, "--drafter", "kmer",
+              "-b", 10 ** 9, "--draft-length", "confidence", "--gamma", 10 ** 9], tmp_path,
+             normal_peak, result="0 non-tie divergences (the batch clamped to the 3 prompts)",
+             MODEL=phix_model)
+    bounded("score --context 10^12", ["score", src, "--model", phix_model, *FAST,
+                                      "--context", 10 ** 12], 2,
+            r"--context 1,000,000,000,000: a base can see at most 4,095 earlier bases",
+            tmp_path, normal_peak, MODEL=phix_model)
+
+
+def _bench(model: Path, d: Path, *extra) -> list:
+    """A bench run of the throughput section alone, as small as it gets."""
+    return ["bench", "--model", model, "--prompts", fasta_file(d), "--n-prompts", 2, "-o",
+            d / "bench", "--seeds", 0, "--baselines", "kmer", "--rollbacks", "slice", "--rules",
+            "residual", "--skip", "speed,tvd,gamma,context,depth,mixed", "--throughput-tokens",
+            4, "--samples", 1, *FAST, *extra]
+
+
+def test_bench_sizes_are_refused_up_front(phix_model, tmp_path, normal_peak):
+    for case, extra, pattern in [
+        ("bench --samples 10^9", ["--samples", 10 ** 9], r"--samples must be <= 1,000,000"),
+        ("bench -n 10^12", ["-n", 10 ** 12], r"--max-new-tokens must be <= 1,000,000,000"),
+        ("bench --throughput-tokens past the context", ["--throughput-tokens", 5000],
+         r"^evspark: error: --throughput-tokens 5,000: a prompt of 22 bases \(the throughput "
+         r"section\) and that many new tokens exceed the model's context of 4,096$"),
+    ]:
+        bounded(case, _bench(phix_model, tmp_path, *extra), 2, pattern, tmp_path, normal_peak,
+                MODEL=phix_model)
+        assert not (tmp_path / "bench").exists()
+
+
+@pytest.mark.slow
+def test_bench_batch_and_gamma_are_clamped(phix_model, tmp_path, normal_peak):
+    in_child("bench -b 10^9", _bench(phix_model, tmp_path, "-b", 10 ** 9), tmp_path,
+             normal_peak, result="measured (and reported) as a batch of the 2 jobs",
+             MODEL=phix_model)
+    got = json.loads((tmp_path / "bench" / "results.json").read_text())["throughput"]
+    assert got["headline_batch_size"] == 2
+    assert sorted(m["batch_size"] for m in got["modes"].values()) == [1, 1, 2, 2]
+    args = [*_bench(phix_model, tmp_path, "--gamma", 10 ** 9, "--gammas", f"2,{10 ** 9}", "-n",
+                    4)]
+    args[args.index("--skip") + 1] = "tvd,context,depth,throughput,mixed"
+    in_child("bench --gamma 10^9", args, tmp_path, normal_peak,
+             result="works: each round drafts at most the tokens asked", MODEL=phix_model)
+
+
+API_CHILD = """
+import resource, sys, torch
+torch.set_num_threads(1)
+import evspark_cli as evs
+from evspark_cli.errors import SettingError
+model = evs.load_model(sys.argv[1])
+for call in ("batch_size=10**9", "samples=10**9", "max_new_tokens=10**12", "samples=10**6"):
+    name, _, value = call.partition("=")
+    kw = {"max_new_tokens": 4, "drafter": "kmer", name: eval(value)}
+    try:
+        outs = evs.generate_many(model, ["ACGTACGTAC", "GGCCAATTGG"], **kw)
+        print(f"{call}\t{len(outs)} outputs")
+    except SettingError as e:
+        print(f"{call}\tSettingError: {e}")
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def test_api_sizes_are_bounded(phix_model, tmp_path, normal_peak):
+    """`generate_many` clamps a batch to its jobs and refuses, naming the setting, samples and
+    tokens no run could hold, and outputs (all kept until it returns) that would not fit."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_LIMIT, ADDRESS_LIMIT))
+
+    p = subprocess.run([sys.executable, "-c", API_CHILD, str(phix_model)], capture_output=True,
+                       text=True, timeout=240, cwd=tmp_path, preexec_fn=limit,
+                       env=child_env(EVSPARK_MAX_MEMORY="1G"))
+    assert p.returncode == 0, p.stderr
+    *lines, peak = p.stdout.strip().splitlines()
+    got = dict(line.split("\t") for line in lines)
+    assert list(got.values())[:3] == [
+        "2 outputs",
+        "SettingError: samples must be <= 1,000,000 (continuations of one record), got "
+        "1000000000",
+        "SettingError: max_new_tokens must be <= 1,000,000,000 (no model's context is that long), "
+        "got 1000000000000"], p.stdout
+    assert re.fullmatch(r"SettingError: 2 records x samples 1,000,000 are 2,000,000 sequences; "
+                        r"their outputs need about \d+\.\d\d GiB of memory, 1\.00 GiB is "
+                        r"available; use fewer samples or records", got["samples=10**6"]), p.stdout
+    assert int(peak) < normal_peak + GIB
+    for call, result in got.items():
+        tokens = "" if call.startswith("max_new_tokens") else "max_new_tokens=4, "
+        record("hostile", f"generate_many({call})",
+               f"EVSPARK_MAX_MEMORY=1G python: evs.generate_many(model, ['ACGTACGTAC', "
+               f"'GGCCAATTGG'], {tokens}drafter='kmer', {call})",
+               2 if result.startswith("SettingError") else 0, result)  # its exit_code
+
+
+def test_info_describes_a_drafter_folder(phix_drafter, tmp_path):
+    """`evspark info DRAFTER` (or `--model DRAFTER`) describes the drafter and how to use it,
+    instead of failing on a model config's missing fields."""
+    home = BUNDLED_DRAFTER.parent.parent
+    for args in (["info", BUNDLED_DRAFTER], ["info", "--model", BUNDLED_DRAFTER]):
+        r = run_cli(args)
+        assert r.code == 0, r.err
+        lines = r.out.splitlines()
+        assert lines[0] == f"drafter        dspark  ({BUNDLED_DRAFTER})"
+        assert lines[1].startswith("parameters     ") and "width 128  layers 2" in lines[2]
+        assert "up to 16 a round (--gamma 16 at most)" in lines[3]
+        assert lines[4].startswith("target         evspark-sh2-192: hidden 192, 4 conditioning "
+                                   "layers, vocabulary 512, weights sha256 1e3ee3156f59")
+        assert lines[5] == f"bundled with   {home}"
+        assert lines[6] == (f"use            evspark generate IN.fa --model {home} --drafter "
+                            f"{BUNDLED_DRAFTER}")
+        assert lines[7].startswith("training       seed 0, steps 1200")
+    r = run_cli(["info", phix_drafter])
+    assert r.code == 0, r.err
+    assert "target         tiny-test: hidden 32" in r.out and "bundled with" not in r.out
+    assert f"--model TARGET --drafter {phix_drafter}" in r.out
+    model = run_cli(["info", home])
+    assert model.code == 0 and model.out == run_cli(["info", "--model", home]).out
+    assert model.out.startswith("model          evspark-sh2-192")
+    r = run_cli(["info", home, "--model", home])
+    assert one_line_error(r, 2) == "evspark: error: give the folder once: as FOLDER or with --model"
+
+
+def test_a_drafter_folder_given_as_the_model_says_so(phix_drafter, tmp_path):
+    refused("a drafter folder as --model",
+            ["generate", fasta_file(tmp_path), "--model", phix_drafter, *FAST, "-n", 4], 3,
+            r"^evspark: error: \S+ is a drafter folder, not a model folder: pass its target "
+            r"\(tiny-test\) with --model and this folder with --drafter$", tmp_path,
+            DRAFTER=phix_drafter)

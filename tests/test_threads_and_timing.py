@@ -1,6 +1,7 @@
-"""Threads and timing: the default thread count is the CPUs this process may use (cpus.py), and
---compare-native times interleaved native/speculative pairs and says when their spread makes a
-speedup unreliable (generation/run.py)."""
+"""Threads and timing: the default thread count is the CPUs this process may use (cpus.py), a
+larger one is clamped to them, malformed CPU variables are ignored with EvSpark's own warning,
+and --compare-native times interleaved native/speculative pairs and says when their spread makes
+a speedup unreliable (generation/run.py)."""
 from __future__ import annotations
 
 import os
@@ -11,9 +12,17 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from battery import fasta_file, record, run_child, show  # noqa: E402
 from tiny import run_cli, trained_tiny_dir  # noqa: E402
 
-from evspark_cli.cpus import affinity_cpus, cgroup_cpus, usable_cpus  # noqa: E402
+from evspark_cli.cpus import (  # noqa: E402
+    CpuLimit,
+    affinity_cpus,
+    cgroup_cpus,
+    clamp_threads,
+    cpu_env_warnings,
+    usable_cpus,
+)
 from evspark_cli.generation.run import COMPARE_PAIRS, PairTiming, RunSummary  # noqa: E402
 
 
@@ -75,7 +84,9 @@ def test_affinity_is_the_mask_not_the_core_count():
     assert affinity_cpus() == len(os.sched_getaffinity(0))
 
 
-def test_set_threads_default_and_oversubscription(monkeypatch):
+def test_set_threads_default_and_clamp(monkeypatch):
+    """An explicit count above the CPUs this process may use is clamped to them (the OpenMP
+    runtime fails to create 100,000 threads, and extra ones only compete for the cores)."""
     import torch
 
     from evspark_cli.api import set_threads
@@ -85,11 +96,64 @@ def test_set_threads_default_and_oversubscription(monkeypatch):
         monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
         got = set_threads(0)
         assert (got.count, got.source, torch.get_num_threads()) == (1, "SLURM_CPUS_PER_TASK", 1)
+        assert not got.clamped
         got = set_threads(3)
-        assert got.count == 3 and got.source == "--threads" and got.oversubscribed
-        assert got.describe() == "3 threads (--threads)"
+        assert (got.count, got.asked, got.clamped, torch.get_num_threads()) == (1, 3, True, 1)
+        assert got.describe() == "1 thread (SLURM_CPUS_PER_TASK)"
+        got = set_threads(1)
+        assert got.describe() == "1 thread (--threads)" and not got.clamped
     finally:
         torch.set_num_threads(saved)
+
+
+def test_clamp_threads():
+    two = CpuLimit(2, "affinity")
+    assert clamp_threads(0, two) == clamp_threads(0, two)
+    assert (clamp_threads(0, two).count, clamp_threads(0, two).source) == (2, "affinity")
+    big = clamp_threads(100_000, two)
+    assert (big.count, big.asked, big.clamped, big.source) == (2, 100_000, True, "affinity")
+    a_few_more = clamp_threads(4, two)  # a little above the allowance is clamped too
+    assert (a_few_more.count, a_few_more.clamped) == (2, True)
+    one = clamp_threads(1, two)
+    assert (one.count, one.clamped, one.describe()) == (1, False, "1 thread (--threads)")
+
+
+@pytest.mark.parametrize("value,good", [
+    ("4", True), ("+2", True), (" 2 ", True), ("2, 3", True), ("9223372036854775807", True),
+    ("abc", False), ("0", False), ("-1", False), ("", False), (" ", False), ("1.5", False),
+    ("2x", False), ("2,", False), ("2,0", False), ("2,,3", False), ("2 3", False),
+    ("9223372036854775808", False), ("\uff10", False),
+])
+def test_omp_num_threads_is_judged_as_libgomp_judges_it(value, good):
+    """What libgomp accepts (positive integers that fit a signed long, comma-separated per
+    nesting level, spaces around each) is kept; anything it would print its own raw line for
+    is removed, with one warning."""
+    env = {"OMP_NUM_THREADS": value}
+    got = cpu_env_warnings(env)
+    if good:
+        assert got == [] and env == {"OMP_NUM_THREADS": value}
+    else:
+        assert got == [f"OMP_NUM_THREADS={value!r} is not a positive integer; ignored"]
+        assert env == {}
+
+
+def test_malformed_cpu_variables_are_ignored_with_a_warning_each(tmp_path):
+    env = {"OMP_NUM_THREADS": "abc", "MKL_NUM_THREADS": "4,2", "SLURM_CPUS_PER_TASK": "junk",
+           "NSLOTS": "0", "OTHER": "x" * 100}
+    got = cpu_env_warnings(env)
+    assert got == ["SLURM_CPUS_PER_TASK='junk' is not a positive integer; ignored",
+                   "NSLOTS='0' is not a positive integer; ignored",
+                   "OMP_NUM_THREADS='abc' is not a positive integer; ignored",
+                   "MKL_NUM_THREADS='4,2' is not a positive integer; ignored"]
+    # the threads variables go (torch reads them), the scheduler's stay for other programs
+    assert env == {"SLURM_CPUS_PER_TASK": "junk", "NSLOTS": "0", "OTHER": "x" * 100}
+    assert cpu_env_warnings({"SLURM_CPUS_PER_TASK": "4(x2)", "NSLOTS": "8",
+                             "MKL_NUM_THREADS": "3", "OMP_NUM_THREADS": "2,1"}) == []
+    long = {"NSLOTS": "9" * 60 + "x"}
+    assert cpu_env_warnings(long) == [f"NSLOTS='{'9' * 40}...' is not a positive integer; "
+                                      "ignored"]
+    proc, root = cgroup_tree(tmp_path, "0::/\n", {})
+    assert usable_cpus(env, proc, root).source == "affinity"  # the malformed ones count for none
 
 
 # ----------------------------------------------------------------------- --compare-native
@@ -187,11 +251,114 @@ def test_compare_native_summary_and_threads_on_the_command_line(tmp_path, model)
     r = run_cli(["generate", src, "--model", model, "-t", "1", "-n", 8, "--compare-native",
                  "--drafter", "kmer", "-q"])
     assert r.code == 0, r.err
+    assert "evspark: generate: 1 record x 1 sample, 1 sequence written, 8 tokens" in r.err
     assert re.search(r"1 thread \(--threads\), batch 1, speedup \d+\.\d\dx over native "
                      r"decoding \(3 timed pairs \d+\.\d\d-\d+\.\d\dx, spread \d+%\)", r.err), r.err
-    r = run_cli(["generate", src, "--model", model, "-t", "64", "-n", 2, "-q"])
-    if affinity_cpus() < 64:
-        assert "evspark: warning: --threads 64 is more than the" in r.err
     import torch
 
-    torch.set_num_threads(1)
+    try:
+        r = run_cli(["generate", src, "--model", model, "-t", "64", "-n", 2, "-q"])
+        n = usable_cpus().count
+        if n < 64:
+            assert re.search(rf"^evspark: warning: --threads 64 is more than the {n} CPUs? this "
+                             rf"process may use \([^)]+\); using {n}$", r.err, re.M), r.err
+            assert f", {n} thread{'s' if n > 1 else ''} (" in r.err
+    finally:
+        torch.set_num_threads(1)
+
+
+def _summary(err: str) -> str:
+    return next(ln for ln in err.splitlines() if ln.startswith("evspark: generate: "))
+
+
+def test_huge_thread_count_is_clamped_not_a_crash(phix_model, tmp_path):
+    """`--threads 100000` once crashed the OpenMP runtime (SIGSEGV, "libgomp: Thread creation
+    failed"): it runs on the CPUs this process may use, with one warning saying so."""
+    args = ["generate", fasta_file(tmp_path), "--model", phix_model, "-q", "-n", 4,
+            "-t", 100000]
+    code, err, _ = run_child(args, tmp_path, timeout=180)
+    n = usable_cpus().count
+    warning = (f"evspark: warning: --threads 100000 is more than the {n} CPU"
+               f"{'s' if n > 1 else ''} this process may use")
+    lines = err.strip().splitlines()
+    machine_free = re.sub(rf"\b{n}\b", "N", lines[0] if lines else err)  # N: this machine's
+    record("hostile", "--threads 100000 (far above the CPUs)",
+           show(args, tmp_path, MODEL=phix_model), code,
+           f"{machine_free}; the run works on N threads")
+    assert code == 0, err
+    assert lines[0].startswith(warning) and lines[0].endswith(f"; using {n}"), err
+    assert f", {n} thread{'s' if n > 1 else ''} (" in _summary(err)
+    assert "libgomp" not in err and "Traceback" not in err
+
+
+def test_malformed_thread_variables_get_evspark_warnings_not_libgomp_lines(phix_model, tmp_path):
+    """OMP_NUM_THREADS=abc made libgomp print its own raw line when torch was imported: now the
+    variable is removed first and EvSpark says so, once, in its own words (the scheduler's
+    variables only get the warning, and are ignored)."""
+    args = ["generate", fasta_file(tmp_path), "--model", phix_model, "-q", "-n", 4, "-t", 1]
+    env = dict(OMP_NUM_THREADS="abc", MKL_NUM_THREADS="0", SLURM_CPUS_PER_TASK="4x",
+               NSLOTS="")
+    code, err, _ = run_child(args, tmp_path, timeout=180, **env)
+    record("hostile", "malformed OMP_NUM_THREADS, MKL_NUM_THREADS, SLURM_CPUS_PER_TASK, NSLOTS",
+           "OMP_NUM_THREADS=abc MKL_NUM_THREADS=0 SLURM_CPUS_PER_TASK=4x NSLOTS= "
+           + show(args, tmp_path, MODEL=phix_model), code,
+           "one 'evspark: warning: OMP_NUM_THREADS='abc' is not a positive integer; ignored' "
+           "line per variable, no libgomp line; the run works")
+    assert code == 0, err
+    assert "libgomp" not in err and "Traceback" not in err, err
+    warnings = [ln for ln in err.splitlines() if ln.startswith("evspark: warning:")]
+    assert warnings == [f"evspark: warning: {name}={env[name]!r} is not a positive integer; "
+                        "ignored" for name in ("SLURM_CPUS_PER_TASK", "NSLOTS",
+                                               "OMP_NUM_THREADS", "MKL_NUM_THREADS")], err
+    assert "1 thread (--threads)" in _summary(err)
+
+
+def test_the_api_warns_of_a_malformed_variable_once(tmp_path):
+    """A Python caller gets the warning as a RuntimeWarning on first use of the API (the
+    variable is removed when evspark_cli is imported, before torch is)."""
+    import subprocess
+
+    from battery import child_env
+
+    code = ("import os, warnings\nwarnings.simplefilter('always')\nimport evspark_cli as evs\n"
+            "print('OMP_NUM_THREADS' in os.environ)\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n    evs.tokenize; evs.tokenize\n"
+            "print([str(x.message) for x in w])\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=child_env(OMP_NUM_THREADS="abc"), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "libgomp" not in p.stderr
+    assert p.stdout.splitlines() == [
+        "False", "[\"evspark: OMP_NUM_THREADS='abc' is not a positive integer; ignored\"]"]
+
+
+# ------------------------------------------------------ the summary counts what it counts
+
+
+def test_the_summary_and_the_failure_line_count_sequences(tmp_path, model, monkeypatch):
+    """A sequence is one sample of a record: the summary says "1 sequence written", and a run
+    with samples counts its failed sequences as sequences (with one sample each, records)."""
+    from evspark_cli.decode.batch import BatchDecoder
+
+    src = tmp_path / "in.fa"
+    src.write_text(">a\nACGTACGTTAGCATGCAAGT\n>b\nGGATTACAGGATTACAGG\n")
+    real = BatchDecoder._prefilled
+
+    def faulty(self, job):
+        if job.record.startswith("b"):
+            raise RuntimeError("planted fault")
+        return real(self, job)
+
+    monkeypatch.setattr(BatchDecoder, "_prefilled", faulty)
+    base = ["generate", src, "--model", model, "-t", 1, "-n", 4, "--drafter", "kmer", "-q"]
+    r = run_cli([*base, "--samples", 2, "-o", tmp_path / "two.fa"])
+    assert r.code == 1, r.err
+    assert "2 records x 2 samples, 2 sequences written (2 failed)" in _summary(r.err)
+    assert r.err.strip().splitlines()[-1].startswith(
+        "evspark: error: 2 of 4 sequences failed (b.cont_s0, b.cont_s1); "), r.err
+    r = run_cli([*base, "-o", tmp_path / "one.fa"])
+    assert r.code == 1, r.err
+    assert "2 records x 1 sample, 1 sequence written (1 failed)" in _summary(r.err)
+    assert r.err.strip().splitlines()[-1].startswith(
+        "evspark: error: 1 of 2 records failed (b.cont); "), r.err

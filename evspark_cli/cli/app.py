@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -69,26 +71,32 @@ def command(options: Mapping[str, str] | None = None) -> Callable[[Callable], Ca
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
-            from ..errors import EvsparkError
+            from ..errors import EvsparkError, StdoutError
+            from ..files import write_stdout
             from ..io.writers import forget_partials
 
             forget_partials()  # the interrupt line names only this command's files
+            restore = sigterm_as_interrupt()
             try:
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+                write_stdout("")  # what print() left buffered fails here, not at exit
+                return result
             except typer.Exit:
                 raise
+            except StdoutError as e:  # `> /dev/full`: one line, and no second failure at exit
+                debug_traceback()
+                _drop_stdout()
+                fail(str(e), e.exit_code)
             except EvsparkError as e:
                 debug_traceback()
                 fail(_message(e, names), e.exit_code)
             except BrokenPipeError:
                 # `evspark generate ... | head`: the reader went away; stop quietly like others
-                with contextlib.suppress(OSError):
-                    devnull = os.open(os.devnull, os.O_WRONLY)
-                    os.dup2(devnull, sys.stdout.fileno())
+                _drop_stdout()
                 raise typer.Exit(141) from None
-            except KeyboardInterrupt:
-                say(_interrupted())
-                raise typer.Exit(130) from None
+            except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
+                say(_interrupted(e))
+                raise typer.Exit(interrupt_code(e)) from None
             except MemoryError:
                 fail("out of memory (try a shorter --prompt-tail or fewer tokens)", 1)
             except Exception as e:  # noqa: BLE001 - never a traceback for users
@@ -96,20 +104,69 @@ def command(options: Mapping[str, str] | None = None) -> Callable[[Callable], Ca
                 msg = str(e).splitlines()[0] if str(e) else ""
                 fail(f"internal error: {type(e).__name__}: {msg} "
                      "(set EVSPARK_DEBUG=1 for a traceback)", 1)
+            finally:
+                restore()
 
         return run
 
     return wrap
 
 
-def _interrupted() -> str:
-    """The interrupt line: which `.partial` files hold finished records, if any were started."""
+def _drop_stdout() -> None:
+    """Point standard output at /dev/null: what is still buffered for a reader that went away
+    or a full disk is dropped, instead of failing again (a traceback) when Python exits."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (how SLURM, containers and `kill` stop a job), raised where Ctrl-C raises
+    KeyboardInterrupt, so that it takes the same path: finished records kept in the `.partial`
+    files, one line naming --resume, exit 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def interrupt_code(e: KeyboardInterrupt) -> int:
+    """The exit code of an interrupt: 128 + its signal (130 for Ctrl-C, 143 for SIGTERM)."""
+    return 128 + (e.signum if isinstance(e, Terminated) else signal.SIGINT)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    # a second SIGTERM must not cut short the writing of the records the first one flushes
+    signal.signal(signum, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+def sigterm_as_interrupt() -> Callable[[], None]:
+    """Make SIGTERM an interrupt while a command runs; returns what puts the old handler back.
+    Left alone: a SIGTERM that is ignored or handled already (the process was started so, or
+    an embedding program set it) and any thread but the main one (which cannot set one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _interrupted(e: KeyboardInterrupt | None = None) -> str:
+    """The interrupt line: which `.partial` files hold finished records, if any were started,
+    and how to go on (a run to standard output cannot be resumed)."""
     from ..io.writers import kept_partials
 
-    kept = kept_partials()
+    how = " by SIGTERM" if isinstance(e, Terminated) else ""
+    kept, stuck = kept_partials(resumable=True), kept_partials(resumable=False)
+    if stuck:
+        return (f"evspark: interrupted{how}; finished records are kept in {', '.join(stuck)}, "
+                "but a run writing to standard output cannot be resumed: delete it before a "
+                "rerun")
     if not kept:
-        return "evspark: interrupted"
-    return (f"evspark: interrupted; finished records are kept in {', '.join(kept)} "
+        return f"evspark: interrupted{how}"
+    return (f"evspark: interrupted{how}; finished records are kept in {', '.join(kept)} "
             "(rerun with --resume)")
 
 
@@ -123,8 +180,16 @@ def register(*commands: Callable, examples: Mapping[str, str] | None = None) -> 
 def _print_version(value: bool) -> None:
     if value:
         from .. import __version__
+        from ..errors import StdoutError
+        from ..files import write_stdout
 
-        print(f"evspark {__version__}")
+        try:
+            write_stdout(f"evspark {__version__}\n")
+        except (StdoutError, BrokenPipeError) as e:
+            _drop_stdout()
+            if isinstance(e, StdoutError):
+                fail(str(e), e.exit_code)
+            raise typer.Exit(141) from None
         raise typer.Exit()
 
 
@@ -137,6 +202,7 @@ def _root(version: bool = typer.Option(False, "--version", "-V", callback=_print
 
 def main() -> None:
     """Console entry point: usage errors become one line with exit code 2."""
+    _warn_environment()
     try:
         rc = app(standalone_mode=False)
     except typer.Exit as e:
@@ -152,3 +218,13 @@ def main() -> None:
             sys.exit(1)
         raise
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _warn_environment() -> None:
+    """The malformed CPU variables of the environment, each as one warning line: found when
+    the package was imported, before torch (cpus.py), so libgomp never prints its own."""
+    from ..cpus import take_cpu_env_warnings
+    from .common import warn
+
+    for message in take_cpu_env_warnings():
+        warn(message)

@@ -90,7 +90,7 @@ def bench(
                        depth=depth, batch_sizes=batch_sizes, batch_size=batch_size,
                        samples=samples, throughput_tokens=throughput_tokens, rules=rules)
     check_output_dir(out)
-    _check_bench_files(cfg, out)
+    _check_bench_files(cfg, out, model_dir, drafter or [])
     model = load_model(model_dir, device="auto", compile=compile_cpu, max_memory=max_memory)
     drafters = bench_drafters(model, cfg, drafter)
     with Progress("bench", "results", quiet=quiet) as prog:
@@ -115,15 +115,21 @@ def _summary(res: dict, out: str) -> dict:
     return summary
 
 
-def _check_bench_files(cfg: BenchConfig, out: str) -> None:
-    """Before any work: the report files must not overwrite an input, and a prompt file with
-    fewer records than asked is benchmarked (and reported) as the records it has."""
+def _check_bench_files(cfg: BenchConfig, out: str, model_dir: str | None,
+                       drafters: list[str]) -> None:
+    """Before any work: the report files must not overwrite an input (the prompts, the model's
+    and the drafters' folders: the seeds' drafters and `--drafter` folders), and a prompt file
+    with fewer records than asked is benchmarked (and reported) as the records it has."""
     from pathlib import Path
 
+    from ..decode.drafters.registry import drafter_dir
     from ..files import Output, check_distinct
     from ..io.fasta import read_prompts
+    from ..limits import model_path, run_inputs
 
-    inputs = [cfg.prompts] + ([cfg.context_source] if cfg.context_source else [])
+    fasta = [cfg.prompts] + ([cfg.context_source] if cfg.context_source else [])
+    seeds = [drafter_dir(model_path(model_dir), s) for s in cfg.seeds]
+    inputs = run_inputs(fasta, model_dir=model_dir, drafters=[*drafters, *seeds])
     check_distinct(inputs, [Output("--output", str(Path(out) / name), (".tmp",))
                             for name in ("results.json", "report.md")])
     count = len(read_prompts([cfg.prompts]))

@@ -42,11 +42,18 @@ def read_input(inputs: list[str] | None, region: list[str] | None, regions: str 
 
 def use_threads(threads: int) -> Threads:
     """Set torch's CPU threads (0: the CPUs this process may use) and warn when more were asked
-    for than the process may use: the threads would compete for the same cores."""
+    for than the process may use: the count is clamped to them (api.set_threads)."""
     from ..api import set_threads
 
     got = set_threads(threads)
-    if got.oversubscribed:
-        warn(f"--threads {got.count} is more than the {got.allowed.count} CPUs this process "
-             f"may use ({got.allowed.source}); the threads will compete for them")
+    warn_clamped(got, "--threads")
     return got
+
+
+def warn_clamped(got: Threads, what: str) -> None:
+    """The warning for a thread count (`what`: the option or setting) above the CPUs this
+    process may use, which was clamped to them."""
+    if got.clamped:
+        cpus = got.allowed.count
+        warn(f"{what} {got.asked} is more than the {cpus} CPU{'s' if cpus != 1 else ''} this "
+             f"process may use ({got.allowed.source}); using {got.count}")

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from .app import command, say
+from .app import command, interrupt_code, say
 from .common import use_threads
 from .options import MaxMemoryOpt, ModelOpt, QuietOpt, ThreadsOpt
 from .progress import Progress
@@ -62,7 +62,7 @@ def distill(
     cache_cfg = CacheConfig(target=str(target), out_dir=str(cache_dir),
                             train=list(train_data or []), natural_windows=natural_windows,
                             onpolicy_windows=onpolicy_windows, window=window, seed=0, device=device)
-    _check_outputs(target, dest, train_data or [])
+    _check_outputs(target, dest, cache_dir, train_data or [])
     used = use_threads(threads)
     t0 = time.monotonic()
     prepare_cache(cache_cfg, log=lambda m: None if quiet else say(m), max_memory=max_memory)
@@ -79,11 +79,11 @@ def distill(
 
         try:
             trainer.run(step_done)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM
             ckpt = trainer.out / "ckpt.pt"
             say(f"evspark: interrupted; rerun the same command to resume from {ckpt} "
                 f"(step {checkpoint_step(ckpt)})")
-            raise typer.Exit(130) from None
+            raise typer.Exit(interrupt_code(e)) from None
     folder = trainer.export(dest)
     say(f"evspark: wrote drafter {folder} ({trainer.step * batch * gamma:,} supervised positions)")
     loss = f", last loss {losses[0]:.4f}" if losses else ""
@@ -91,16 +91,19 @@ def distill(
         f"{time.monotonic() - t0:.1f} s{loss}, {used.describe()}")
 
 
-def _check_outputs(target: Path, dest: Path, train: List[str]) -> None:
-    """The drafter folder must not overwrite the target's files or a training file (`-o MODEL`
-    would replace the target's weights with the drafter's)."""
+def _check_outputs(target: Path, dest: Path, cache: Path, train: List[str]) -> None:
+    """The drafter folder must not overwrite the target's files, the teacher cache's or a
+    training file (`-o MODEL` would replace the target's weights with the drafter's)."""
     from ..errors import InputError
-    from ..files import Output, check_distinct
+    from ..files import Output, check_distinct, folder_inputs
+    from ..limits import run_inputs
     from ..train.corpus import fasta_files
 
-    inputs = [str(target / "config.json"), str(target / "model.safetensors")]
+    fasta: list[str] = []
     for path in train:  # a missing one is reported where it is read (if it is needed)
         with contextlib.suppress(InputError):
-            inputs += [str(f) for f in fasta_files([path])]
+            fasta += [str(f) for f in fasta_files([path])]
+    inputs = [*run_inputs(fasta, model_dir=target),
+              *folder_inputs(cache, f"in the teacher cache {cache}")]
     check_distinct(inputs, [Output("--output", str(dest / name), (".tmp",))
                             for name in ("config.json", "model.safetensors")])

@@ -112,13 +112,13 @@ def generate(
 ) -> None:
     """Continue each record (or region) and write the continuations as FASTA."""
     from ..io.writers import check_distinct_outputs, check_output_path
-    from ..limits import context_cap, readable_config
+    from ..limits import context_cap, readable_config, run_inputs
 
     t0 = time.monotonic()
     for path in (output, stats):
         check_output_path(path)
-    check_distinct_outputs(inputs, [("--output", "-" if output is None else output),
-                                    ("--stats", stats)])
+    check_distinct_outputs(run_inputs(inputs, regions, model_dir, [drafter]),
+                           [("--output", "-" if output is None else output), ("--stats", stats)])
     config = readable_config(model_dir)
     got = read_input(inputs, region, regions, prompt_tail, shard, strict, literal=prompt or None,
                      iupac=iupac, cap=context_cap(config))
@@ -145,9 +145,21 @@ def generate(
                               resumed=len(prompts) * samples - len(jobs),
                               skipped=len(got.skipped)))
     if failed:
-        fail(f"{len(failed)} of {len(jobs)} records failed "
-             f"({', '.join(failed[:5])}); the others are kept in the .partial files; "
-             "rerun with --resume", 1)
+        what = "record" if samples == 1 else "sequence"  # a job: one sample of a record
+        fail(f"{len(failed)} of {len(jobs)} {what}{'s' if len(jobs) != 1 else ''} failed "
+             f"({', '.join(failed[:5])}); {_kept(output)}", 1)
+
+
+def _kept(output: str | None) -> str:
+    """Where a run with failed records left the others, and how to go on: a run to standard
+    output has written them and cannot be resumed (its stats partial must go before a rerun)."""
+    from ..io.writers import kept_partials
+
+    if output not in (None, "-"):
+        return "the others are kept in the .partial files; rerun with --resume"
+    stuck = kept_partials(resumable=False)
+    rows = f" (their stats rows in {', '.join(stuck)}: delete it before a rerun)" if stuck else ""
+    return f"the others were written to standard output{rows}"
 
 
 def _decode(scheme: RecordScheme, model: StripedHyena, drafter: Drafter | None,
@@ -178,7 +190,8 @@ def _decode(scheme: RecordScheme, model: StripedHyena, drafter: Drafter | None,
         wanted = min(default_batch_size(model.device), len(jobs))
         if batch_size is None and run.batch_size < wanted:
             warn(f"batch size lowered to {run.batch_size} (from {wanted}) to fit in memory")
-        meter = GenerationMeter(prog, run.passes(jobs), len(jobs), prefill_work(model.config))
+        meter = GenerationMeter(prog, run.passes(jobs), len(jobs), prefill_work(model.config),
+                                names={r.id: p.id for r, p in zip(records, prompts)})
         run.observer = meter
         prog.update(status="")
 

@@ -1,20 +1,44 @@
-"""`evspark info`: what a model folder holds, from its config, weights and model card."""
+"""`evspark info`: what a model folder holds, from its config, weights and model card; or what a
+drafter folder holds, and the model it belongs to."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Optional
+
+import typer
 
 from .app import command
 from .options import MaxMemoryOpt, ModelOpt
 
-EXAMPLE = """Example: what the bundled target holds, or any converted model:
+EXAMPLE = """Example: what the bundled target holds, or any converted model, or a drafter:
 
   evspark info
-  evspark info --model models/evo2-1b"""
+  evspark info --model models/evo2-1b
+  evspark info models/evspark-sh2-192/drafters/seed0"""
+
+FolderArg = typer.Argument(None, metavar="[FOLDER]", show_default=False,
+                           help="A model folder (the same as --model) or a drafter folder.")
 
 
 @command()
-def info(model_dir: Optional[str] = ModelOpt, max_memory: Optional[str] = MaxMemoryOpt) -> None:
-    """Architecture, parameters, layer pattern, state size and training summary of a model."""
+def info(folder: Optional[str] = FolderArg, model_dir: Optional[str] = ModelOpt,
+         max_memory: Optional[str] = MaxMemoryOpt) -> None:
+    """Architecture, parameters, layer pattern, state size and training summary of a model, or
+    of a drafter folder."""
+    from ..decode.drafters.dspark import is_drafter_folder
+    from ..errors import SettingError
+
+    if folder is not None and model_dir is not None:
+        raise SettingError("give the folder once: as FOLDER or with {0}", "model")
+    where = folder if folder is not None else model_dir
+    if where is not None and is_drafter_folder(where):
+        _drafter_info(where, max_memory)
+    else:
+        _model_info(where, max_memory)
+
+
+def _model_info(model_dir: str | None, max_memory: str | None) -> None:
     from ..model.checkpoint import load_model, model_card_summary
 
     model = load_model(model_dir, device="cpu", max_memory=max_memory)
@@ -42,3 +66,51 @@ def info(model_dir: Optional[str] = ModelOpt, max_memory: Optional[str] = MaxMem
         summary = [ln for ln in card.splitlines() if ln.startswith(("- **", "**"))][:8]
         if summary:
             print("training       " + "\n               ".join(s.strip("- ") for s in summary))
+
+
+def _drafter_info(folder: str, max_memory: str | None) -> None:
+    """A drafter folder: its net, draft slots, the target it was distilled from and how to use
+    it (with the model folder it is bundled in, MODEL/drafters/seedN, when it is)."""
+    from ..decode.drafters.dspark import load_drafter
+    from ..errors import printable
+
+    d = load_drafter(folder, max_memory=max_memory)
+    c = d.cfg
+    target = printable(c.target_name) if c.target_name else "unnamed"
+    weights = f", weights sha256 {c.target_hash[:12]}..." if c.target_hash else ""
+    print(f"drafter        dspark  ({folder})")
+    print(f"parameters     {sum(p.numel() for p in d.net.parameters()):,}")
+    print(f"net            width {c.width}  layers {c.layers}  heads {c.heads}  mlp ratio "
+          f"{c.mlp_ratio}")
+    print(f"drafts         up to {c.gamma_max} a round (--gamma {c.gamma_max} at most), "
+          f"conditioned on the target's last {c.prefix_len} positions")
+    print(f"target         {target}: hidden {c.target_hidden}, {c.target_layers} conditioning "
+          f"layers, vocabulary {c.vocab_size}{weights}")
+    home = _bundled_in(folder)
+    model = "TARGET" if home is None else home
+    if home is not None:
+        print(f"bundled with   {home}")
+    print(f"use            evspark generate IN.fa --model {model} --drafter {folder}")
+    if c.training:
+        items = [f"{k} {printable(str(v))}" for k, v in c.training.items()]
+        print("training       " + ",\n               ".join(_lines(items, 64)))
+
+
+def _lines(items: list[str], width: int) -> list[str]:
+    """`items` joined by commas into lines of about `width` characters, none split."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 2 + len(item) <= width:
+            lines[-1] += ", " + item
+        else:
+            lines.append(item)
+    return lines
+
+
+def _bundled_in(folder: str) -> str | None:
+    """The model folder a drafter folder is bundled in (MODEL/drafters/seedN), if it is."""
+    path = Path(folder).resolve()
+    home = path.parent.parent
+    if path.parent.name != "drafters" or not (home / "config.json").is_file():
+        return None
+    return os.path.relpath(home) if not os.path.isabs(folder) else str(home)

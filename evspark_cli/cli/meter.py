@@ -1,14 +1,16 @@
 """The progress of a generation run, fed by the run's events (generation.run.RunObserver):
-tokens done over every pass's tokens, tau, and a time left that counts prefill
-(cli/progress.py shows it); and the run's summary line."""
+tokens done over every pass's tokens, tau, the prefill in progress, and a time left that
+counts prefill and decoding apart (cli/progress.py shows it); and the run's summary line."""
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .progress import Progress
+from .estimates import DecodeTiming, PrefillFit
+from .progress import Progress, fmt_count, fmt_rate, fmt_rough
 
 if TYPE_CHECKING:  # the engine is imported lazily (a fast --help)
     from ..cpus import Threads
@@ -17,44 +19,54 @@ if TYPE_CHECKING:  # the engine is imported lazily (a fast --help)
     from ..model.config import ModelConfig
 
 
+@dataclass
+class _Prefill:
+    """The prefill in progress: whose, how far, since when."""
+
+    name: str
+    total: int
+    t_start: float
+    t_last: float
+    done: int = 0
+
+
 class GenerationMeter:
     """A generation run's progress: tokens done over every pass's tokens (native passes and timing
-    repeats of --compare-native included), tau, and a time left that counts prefill.
+    repeats of --compare-native included), tau, the prefill in progress, and a time left.
 
-    The run tells it when the decoder takes a job (its prompt is prefilled before the next
-    round) and when each round ends (generation.run.RunObserver). A round interval with no
-    prefill in it times decoding alone (per mode: native or speculative); an interval with
-    prefills is that plus prefill, so its excess over a plain round times the prefill of the
-    prompts taken in it. The time left is the tokens still to decode at each mode's rate plus
-    the prompts still to prefill at their estimated cost (`prefill_time`, shaped by
-    `prefill_work`): a long prompt not yet started lengthens the estimate instead of stalling
-    the bar's rate later.
+    The time left counts the two kinds of work apart, each at its own measured rate: the tokens
+    still to decode (per mode, native or speculative: `DecodeTiming`) and the bases still to
+    prefill, the rest of the prompt being prefilled and the prompts not yet started (timed
+    chunk by chunk from the run's prefill events: `PrefillFit`, shaped by `prefill_work`). A
+    long prompt after short ones thus costs its own length, never the short ones' time per
+    token; a pass's first round interval, which also holds the decoder's setup (graphs, a
+    measured schedule), times neither.
     """
 
     def __init__(self, progress: Progress, passes: list[Pass], records: int,
                  work: Callable[[int], float] = float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """`work(n)`: the relative work of prefilling n bases (`prefill_work`; default n)."""
+                 clock: Callable[[], float] = time.monotonic,
+                 names: Mapping[str, str] | None = None) -> None:
+        """`work(n)`: the relative work of prefilling n bases (`prefill_work`; default n).
+        `names`: a job's record (the base of its output ids) -> the name a user knows it by
+        (`chr1`, not `chr1.cont`), for the prefill's status."""
         self.progress, self.passes, self.clock, self.work = progress, passes, clock, work
+        self.names = dict(names or {})
         self.records_total, self.records_done = records, 0
         self.left = {True: 0, False: 0}  # tokens still to decode, per mode (native?)
-        self.todo: Counter[int] = Counter()  # prompt lengths still to prefill, every pass
+        self.todo: Counter[int] = Counter()  # prompt lengths not yet started, every pass
         for p in passes:
             self.left[p.native] += p.tokens
             self.todo.update(len(j.prompt) for j in _first_of_records(p.jobs))
-        self.pure_s = {True: 0.0, False: 0.0}  # round intervals without prefill
-        self.pure_tokens = {True: 0, False: 0}
-        self.pure_rounds = {True: 0, False: 0}
-        # sums over the round intervals that held prefills, per mode: k prompts of work n
-        # prefilled in an interval of dt seconds (O(1) to update and to fit, however many)
-        self.sums = {mode: dict.fromkeys(("k", "n", "kk", "nn", "kn", "kdt", "ndt"), 0.0)
-                     for mode in (True, False)}
-        self.pending = 0.0  # prefill work taken since the last round
-        self.pending_prompts = 0
+        self.decoding = {True: DecodeTiming(), False: DecodeTiming()}
+        self.fit = PrefillFit()
+        self.current: _Prefill | None = None
+        self.prefill_s = 0.0  # prefill seconds since the last round
+        self.setup = True  # the pass's first round interval is still to come
         self.rows = self.accepted = 0
         self.last = clock()
-        self.last_prompt: tuple[Any, Any] | None = None
         self.pass_index = 0
+        self.pass_status = ""
         progress.set_total(sum(p.tokens for p in passes))
         progress.eta = self.time_left
 
@@ -62,33 +74,43 @@ class GenerationMeter:
     def pass_started(self, p: Pass) -> None:
         self.pass_index += 1
         self.last = self.clock()
-        self.last_prompt = None
-        self.progress.update(status=self._status(p))
+        self.setup, self.prefill_s, self.current = True, 0.0, None
+        self.pass_status = self._status(p)
+        self.progress.update(status=self.pass_status)
 
     def job_started(self, job: Job, p: Pass) -> None:
-        key = (job.rng.record, job.prompt)
-        if key != self.last_prompt:  # a record's samples share one prefill
-            self.last_prompt = key
-            n = len(job.prompt)
-            self.pending += self.work(n)
-            self.pending_prompts += 1
-            if self.todo[n] > 0:
-                self.todo[n] -= 1
+        """Nothing to do: a prefill is timed by its own events (`prefill_progress`)."""
+
+    def prefill_progress(self, job: Job, done: int, total: int, p: Pass) -> None:
+        now = self.clock()
+        cur = self.current
+        if done == 0 or cur is None:  # a prefill starts
+            self._end_prefill(now)  # one still open had failed
+            if self.todo[total] > 0:
+                self.todo[total] -= 1
+            cur = self.current = _Prefill(self._name(job), total, now, now)
+        if done > cur.done:
+            self.fit.add(cur.done == 0, self.work(done) - self.work(cur.done), now - cur.t_last)
+            cur.done, cur.t_last = done, now
+        if done >= total:
+            self._end_prefill(now)
+            self.progress.update(status=self.pass_status)
+        else:
+            self.progress.update(status=", ".join(
+                x for x in (self.pass_status, self.prefill_text(now)) if x))
 
     def round_done(self, report: RoundReport, p: Pass) -> None:
         now = self.clock()
         dt, self.last = now - self.last, now
-        mode = p.native
-        if self.pending:
-            k, n, sums = self.pending_prompts, self.pending, self.sums[mode]
-            for key, value in (("k", k), ("n", n), ("kk", k * k), ("nn", n * n), ("kn", k * n),
-                               ("kdt", k * dt), ("ndt", n * dt)):
-                sums[key] += value
-            self.pending, self.pending_prompts = 0.0, 0
-        else:
-            self.pure_s[mode] += dt
-            self.pure_tokens[mode] += report.tokens
-            self.pure_rounds[mode] += 1
+        self._end_prefill(now)  # a prefill still open when rounds go on had failed
+        mode, timing = p.native, self.decoding[p.native]
+        if self.prefill_s and not self.setup:
+            timing.mixed_s += max(0.0, dt - self.prefill_s)
+            timing.mixed_tokens += report.tokens
+        elif not self.setup:
+            timing.plain_s += dt
+            timing.plain_tokens += report.tokens
+        self.setup, self.prefill_s = False, 0.0
         self.left[mode] = max(0, self.left[mode] - report.tokens)
         if not mode:
             self.rows += report.rows
@@ -105,69 +127,65 @@ class GenerationMeter:
         return (self.accepted + self.rows) / self.rows if self.rows else None
 
     def rate(self, native: bool) -> float | None:
-        """Tokens per second of plain rounds of a mode (the other mode's until it has some)."""
-        for mode in (native, not native):
-            if self.pure_s[mode] > 0 and self.pure_tokens[mode]:
-                return self.pure_tokens[mode] / self.pure_s[mode]
-        return None
-
-    def plain_round_s(self, native: bool) -> float | None:
-        """The mean duration of a round without prefill, of a mode (else of the other)."""
-        for mode in (native, not native):
-            if self.pure_rounds[mode]:
-                return self.pure_s[mode] / self.pure_rounds[mode]
-        return None
+        """Decoded tokens per second of a mode (the other mode's until it has some)."""
+        return self.decoding[native].rate() or self.decoding[not native].rate()
 
     def prefill_time(self) -> Callable[[int], float] | None:
-        """The estimated seconds to prefill a prompt of n bases, from the intervals that held
-        prefills (their excess over a plain round); None while no plain round has been timed.
+        """The estimated seconds to prefill a prompt of n bases; None before any chunk."""
+        coef = self.fit.coefficients()
+        if coef is None:
+            return None
+        a, b = coef
+        return lambda n: a + b * self.work(n)
 
-        A prefill costs a fixed overhead plus a cost per unit of work (`prefill_work`: the
-        architecture's multiply-adds, which grow faster than the length where attention looks
-        back over the whole prefix): `a * prompts + b * work`, fitted by least squares (both
-        non-negative) once prompts of different lengths have been prefilled. While all had one
-        length, the two cannot be told apart and the time is taken as all work (exact when
-        compute dominates, as it does for the long prompts whose prefill matters; an
-        overestimate for short prompts on a busy machine, where overhead dominates)."""
-        # the excess of an interval is dt minus a plain round of its mode: e = dt - plain
-        kk = nn = kn = ke = ne = k_all = 0.0
-        for mode, sums in self.sums.items():
-            if not sums["k"]:
-                continue
-            plain = self.plain_round_s(mode)
-            if plain is None:
-                return None
-            kk, nn, kn = kk + sums["kk"], nn + sums["nn"], kn + sums["kn"]
-            ke += sums["kdt"] - plain * sums["k"]  # sum of k * e
-            ne += sums["ndt"] - plain * sums["n"]  # sum of n * e
-            k_all += sums["k"]
-        if not k_all:
-            return lambda n: 0.0
-        det = kk * nn - kn * kn
-        if det > 1e-6 * kk * nn:  # prompts of different lengths
-            a, b = (ke * nn - ne * kn) / det, (ne * kk - ke * kn) / det
-            if a < 0:
-                a, b = 0.0, max(0.0, ne / nn)
-            elif b < 0:
-                a, b = max(0.0, ke / kk), 0.0
-            return lambda n: a + b * self.work(n)
-        per_work = max(0.0, ne / nn)
-        return lambda n: per_work * self.work(n)
+    def prefill_left(self) -> float | None:
+        """Seconds of prefill still to do: the rest of the prompt in progress and the prompts
+        not yet started; None while that is some and no chunk has been timed."""
+        cur, todo = self.current, +self.todo
+        if cur is None and not todo:
+            return 0.0
+        coef = self.fit.coefficients()
+        if coef is None:
+            return None
+        a, b = coef
+        total = sum((a + b * self.work(n)) * count for n, count in todo.items())
+        if cur is not None:
+            total += b * (self.work(cur.total) - self.work(cur.done)) + (a if not cur.done else 0)
+        return total
 
     def time_left(self) -> float | None:
-        total = 0.0
+        total = self.prefill_left()
         for mode in (True, False):
-            if self.left[mode]:
+            if total is not None and self.left[mode]:
                 rate = self.rate(mode)
-                if rate is None:
-                    return None
-                total += self.left[mode] / rate
-        if +self.todo:
-            cost = self.prefill_time()
-            if cost is None:
-                return None
-            total += sum(cost(n) * count for n, count in self.todo.items() if count > 0)
+                total = total + self.left[mode] / rate if rate else None
         return total
+
+    def prefill_text(self, now: float) -> str:
+        """'prefill chr1: 40,960 of 200,000 bases, 1,234 bases/s, ~2 min left'."""
+        cur = self.current
+        if cur is None:
+            return ""
+        parts = [f"prefill {cur.name}: {fmt_count(cur.done)} of {fmt_count(cur.total)} bases"]
+        if cur.done and now > cur.t_start:
+            parts.append(fmt_rate(cur.done / (now - cur.t_start), "bases"))
+        coef = self.fit.coefficients()
+        if coef is not None and cur.done:
+            parts.append(f"{fmt_rough(coef[1] * (self.work(cur.total) - self.work(cur.done)))} "
+                         "left")
+        return ", ".join(parts)
+
+    def _name(self, job: Job) -> str:
+        """The record a prefill is for, safe on a terminal (an id may hold escape sequences)."""
+        from ..errors import printable
+
+        return printable(self.names.get(job.record) or job.record or job.label
+                         or f"#{job.index}")
+
+    def _end_prefill(self, now: float) -> None:
+        if self.current is not None:
+            self.prefill_s += now - self.current.t_start
+            self.current = None
 
     def _detail(self) -> str:
         parts = [f"{self.records_done}/{self.records_total} sequences"]
@@ -216,7 +234,8 @@ def summary_line(s: RunSummary, records: int, samples: int, wall_s: float, threa
     """The run's last line: what was done, how long it took, how fast, with what."""
     done = s.jobs - s.failed
     parts = [f"evspark: generate: {records} record{'s' if records != 1 else ''} x {samples} "
-             f"sample{'s' if samples != 1 else ''}, {done} sequences written"
+             f"sample{'s' if samples != 1 else ''}, {done} sequence{'s' if done != 1 else ''} "
+             "written"
              + (f" ({s.failed} failed)" if s.failed else ""),
              f"{s.tokens:,} tokens in {wall_s:.1f} s",
              f"{s.tokens_per_s or 0:,.0f} tokens/s decoding"]

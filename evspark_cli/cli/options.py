@@ -76,4 +76,5 @@ IupacOpt = option("keep", "--iupac", help="What ambiguity codes (N, R, Y...) in 
                   "as T.", panel=INPUT_PANEL)
 ThreadsOpt = option(0, "--threads", "-t", help="CPU threads for torch. 0: the CPUs this process "
                     "may use (the smallest of its CPU affinity, cgroup quota, "
-                    "SLURM_CPUS_PER_TASK, NSLOTS and OMP_NUM_THREADS).", panel=PERFORMANCE_PANEL)
+                    "SLURM_CPUS_PER_TASK, NSLOTS and OMP_NUM_THREADS); more are clamped to "
+                    "them, with a warning.", panel=PERFORMANCE_PANEL)

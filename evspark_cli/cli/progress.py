@@ -47,6 +47,18 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def fmt_rough(seconds: float) -> str:
+    """A time left for prose, no more precise than an estimate: '~40 s', '~2 min', '~1 h 5 min'."""
+    s = max(1, round(seconds))
+    if s < 60:
+        return f"~{s} s"
+    minutes = round(s / 60)
+    if minutes < 60:
+        return f"~{minutes} min"
+    h, m = divmod(minutes, 60)
+    return f"~{h} h {m} min" if m else f"~{h} h"
+
+
 def fmt_rate(rate: float | None, unit: str) -> str:
     if not rate:
         return f"- {unit}/s"
@@ -82,13 +94,16 @@ class Progress:
 
     def __init__(self, command: str, unit: str, total: float | None = None, quiet: bool = False,
                  stream: IO[str] | None = None, tty: bool | None = None,
-                 interval: float = INTERVAL_S, min_gap: float = MIN_GAP_S,
+                 interval: float | None = None, min_gap: float = MIN_GAP_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """`interval`: seconds between log lines, INTERVAL_S when None (read at each run, so a
+        test can shorten a command's cadence)."""
         self.command, self.unit, self.total = command, unit, total
         self.stream = stream if stream is not None else sys.stderr
         is_tty = tty if tty is not None else _is_terminal(self.stream)
         self.mode = "off" if quiet else ("bar" if is_tty else "lines")
-        self.interval, self.min_gap, self.clock = interval, min_gap, clock
+        self.interval = INTERVAL_S if interval is None else interval
+        self.min_gap, self.clock = min_gap, clock
         self.done = 0.0
         self.detail = ""  # e.g. "2/4 records, tau 3.41"
         self.status = ""  # what happens now, e.g. "loading model"

@@ -73,15 +73,15 @@ def score(
     from ..eval.score import check_score_windows
     from ..files import Output, check_distinct
     from ..io.writers import PARTIAL_SUFFIX, check_output_path
-    from ..limits import score_cap, score_windows
+    from ..limits import run_inputs, score_cap, score_windows
     from ..model.checkpoint import load_model, resolve_device
     from ..model.memory import memory_budget, run_budget
 
     check_score_windows(1 if context is None else context, 1 if window is None else window)
     for path in (output, logits):
         check_output_path(path)
-    check_distinct(inputs, [Output("--output", output, (PARTIAL_SUFFIX,)),
-                            Output("--logits", logits)])
+    check_distinct(run_inputs(inputs, regions, model_dir),
+                   [Output("--output", output, (PARTIAL_SUFFIX,)), Output("--logits", logits)])
     budget = memory_budget(resolve_device(device), max_memory)
     got = read_input(inputs, region, regions, prompt_tail, shard, strict, iupac=iupac,
                      cap=score_cap(budget))
@@ -128,21 +128,23 @@ def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window:
             if done and not logits:  # resumed: its row is in the partial already
                 prog.advance(len(p.seq))
                 continue
+            start = prog.done
             try:  # a resumed record is scored again only for its logits
                 bpn, lg = scoring.score_sequence(model, tokenize_tensor(p.seq), context,
-                                                 window, keep_logits=bool(logits))
+                                                 window, keep_logits=bool(logits),
+                                                 on_window=lambda k: prog.update(start + k))
             except Exception as e:  # noqa: BLE001 - one bad record must not sink the rest
                 debug_traceback()
                 prog.say(f"evspark: error: record '{p.id}' failed: {first_line(e)}")
                 failed.append(p.id)
-                prog.advance(len(p.seq))
+                prog.update(start + len(p.seq))
                 continue
             if not done:
                 rows.write({"record_id": p.id, "length": len(p.seq),
                             "bits_per_nt": round(bpn, 4)})
             if logits and lg is not None:
                 saved[p.id] = lg
-            prog.advance(len(p.seq))
+            prog.update(start + len(p.seq))  # position 0 is not scored but is done
             prog.milestone(f"{n}/{len(prompts)} records")
         if failed:
             rows.close()

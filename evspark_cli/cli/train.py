@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from .app import command, say
+from .app import command, interrupt_code, say
+from .common import warn_clamped
 from .options import MaxMemoryOpt, QuietOpt
 from .progress import Progress
 
@@ -45,8 +46,10 @@ def train(
 
     cfg = load_train_config(config, steps)
     run = RunOptions(stop_at, export)
-    check_run_outputs(cfg, run.export)
+    check_run_outputs(cfg, run.export, config)
     trainer = Trainer(cfg, max_memory=max_memory)
+    if trainer.threads is not None:
+        warn_clamped(trainer.threads, "train config: threads")
     if trainer.start(resume, export_only):
         say(f"evspark: resumed {cfg.out_dir} at step {trainer.step}")
     t0, first, last_loss = time.monotonic(), trainer.step, None
@@ -61,10 +64,10 @@ def train(
 
             try:
                 trainer.run(cb, stop_at=run.stop_at)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM
                 say(f"evspark: interrupted; rerun the same command to resume from "
                     f"{trainer.ckpt_path} (step {checkpoint_step(trainer.ckpt_path)})")
-                raise typer.Exit(130) from None
+                raise typer.Exit(interrupt_code(e)) from None
     folder = trainer.export(run.export)
     say(f"evspark: exported {folder} (step {trainer.step}, {trainer.tokens_seen:,} tokens)")
     loss = f", last loss {last_loss:.3f}" if last_loss is not None else ""

@@ -116,19 +116,21 @@ def verify(
     from ..generation.options import DecodeOptions
     from ..generation.plan import model_and_drafter
     from ..io.writers import check_distinct_outputs, check_output_path, write_text_atomic
-    from ..limits import context_cap, readable_config
+    from ..limits import context_cap, readable_config, run_inputs
 
     options = VerifyOptions(DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed,
                                           rollback=rollback, rule=rule,
                                           draft_length=draft_length),
                             tie_tolerance, batch_size)
+    inputs = inputs or [str(example_prompts())]
     if report:
         check_output_path(report)
-        check_distinct_outputs(inputs, [("--report", report)])
+        check_distinct_outputs(run_inputs(inputs, regions, model_dir, [drafter]),
+                               [("--report", report)])
     t0 = time.monotonic()
     config = readable_config(model_dir)
-    prompts = read_input(inputs or [str(example_prompts())], region, regions, prompt_tail, shard,
-                         strict, iupac=iupac, cap=context_cap(config)).prompts
+    prompts = read_input(inputs, region, regions, prompt_tail, shard, strict, iupac=iupac,
+                         cap=context_cap(config)).prompts
     used = use_threads(threads)
     with Progress("verify", "prompts", total=len(prompts), quiet=quiet) as prog:
         prog.update(status="loading the model")
@@ -137,7 +139,8 @@ def verify(
                                      compile=compile_cpu, max_memory=max_memory,
                                      config=config)
         prog.update(status="")
-        result = verify_prompts(model, prompts, d, options, _counter(prog), options.batch_size)
+        result = verify_prompts(model, prompts, d, options, _counter(prog), options.batch_size,
+                                max_memory)
     print("\n".join(result.table()))
     if report:
         write_text_atomic(report, json.dumps({"provenance": provenance(), **result.report()},

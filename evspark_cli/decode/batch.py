@@ -79,14 +79,18 @@ class BatchDecoder:
                  gamma: int, batch_size: int = 1, rollback: str = "slice",
                  track_margins: bool = False,
                  on_round: Callable[[RoundReport], None] | None = None,
-                 capacity: int | None = None, adaptive: bool = False) -> None:
+                 capacity: int | None = None, adaptive: bool = False,
+                 on_prefill: Callable[[Job, int, int], None] | None = None) -> None:
         """`capacity`: KV positions to reserve per row when the first batch is built (the run's
         longest prompt + new tokens + a block), so the caches never grow mid-run: the dense
         layout (kvcache.py) that recorded graphs replay and a GPU prefers, taken on a GPU or
         with graphs. On a CPU each row keeps the capacity its prefill reserved, in its size
         class, so one long prompt does not cost every row its memory. `adaptive`: choose each
         round's draft length by confidence (`schedule.py`), where the rule makes the output
-        independent of it (greedy, coupled); elsewhere every round drafts `gamma`."""
+        independent of it (greedy, coupled); elsewhere every round drafts `gamma`.
+        `on_prefill(job, done, total)`: a prefill's progress in bases (`prefill.PrefillProgress`),
+        told between its chunks, for the displays that would otherwise stall for minutes on a
+        long prompt."""
         if rollback not in ROLLBACKS:
             raise InputError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
         if batch_size < 1:
@@ -98,6 +102,7 @@ class BatchDecoder:
         self.dense = dense_layout(model)
         self.capacity = capacity if self.dense else None
         self.on_round = on_round
+        self.on_prefill = on_prefill
         self.mode = "speculative" if drafter is not None else "native"
         self.on_gpu = model.device.type != "cpu"
         self.prefix = drafter.prefix_len if drafter is not None else 0
@@ -330,7 +335,10 @@ class BatchDecoder:
             return Prefilled(pre.state, pre.anchor, pre.hidden, 0.0)
         self._shared = None  # the previous record's prefill can go before this one is made
         reserve = row_reserve(job.max_new_tokens, self._slots(job))
-        pre = prefill_prompt(self.model, job.prompt, reserve=reserve, keep_hidden=self.prefix)
+        hook = self.on_prefill
+        tell = (lambda done, total: hook(job, done, total)) if hook is not None else None
+        pre = prefill_prompt(self.model, job.prompt, reserve=reserve, keep_hidden=self.prefix,
+                             progress=tell)
         self._shared = ((job.rng.record, job.prompt), pre)
         return pre
 

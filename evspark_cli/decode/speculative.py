@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..model.model import StripedHyena
 from .batch import BatchDecoder, run_one
 from .drafters.base import Drafter, RngKey
-from .jobs import DecodeResult, Job
+from .jobs import DecodeResult, Job, largest_draft
 from .prefill import Prefilled
 from .sampling import SamplerConfig
 
@@ -32,6 +32,8 @@ def decode_speculative(model: StripedHyena, prompt: list[int], max_new_tokens: i
                        ) -> DecodeResult:
     """Generate `max_new_tokens` tokens with `drafter`; the output has the target's distribution.
     `adaptive`: the draft length by confidence (decode/schedule.py; greedy or coupled only)."""
-    decoder = BatchDecoder(model, sampler, drafter, gamma, rollback=rollback, adaptive=adaptive)
+    # the drafts a round can use, not a gamma past the tokens asked (the schedule is sized by it)
+    decoder = BatchDecoder(model, sampler, drafter, largest_draft(gamma, max_new_tokens),
+                           rollback=rollback, adaptive=adaptive)
     return run_one(decoder, Job(0, tuple(prompt), max_new_tokens, rng or RngKey(), label),
                    prefilled)

@@ -24,13 +24,13 @@ from .. import bundled
 from ..decode.batch import ROLLBACKS
 from ..decode.drafters.base import RngKey
 from ..decode.drafters.registry import bundled_drafter_dir, drafter_name, resolve_drafter
-from ..decode.jobs import DecodeResult, row_reserve
+from ..decode.jobs import DecodeResult, largest_draft, row_reserve
 from ..decode.native import decode_native
 from ..decode.prefill import Prefilled, prefill_prompt
 from ..decode.sampling import RULES, SamplerConfig
 from ..decode.speculative import decode_speculative
 from ..errors import SettingError, at_least
-from ..generation.options import check_gamma
+from ..generation.options import MAX_NEW_TOKENS, MAX_SAMPLES, at_most, check_gamma
 from ..generation.results import speedup
 from ..io.fasta import read_prompts
 from ..io.types import Prompt
@@ -90,6 +90,11 @@ class BenchConfig:
         at_least("throughput_records", self.throughput_records, 1)
         at_least("throughput_samples", self.throughput_samples, 1)
         at_least("throughput_tokens", self.throughput_tokens, 1)
+        for name in ("throughput_samples", "tvd_samples"):
+            at_most(name, getattr(self, name), MAX_SAMPLES, "continuations of one record")
+        for name in ("new_tokens", "tvd_tokens", "context_tokens", "depth_tokens",
+                     "throughput_tokens"):
+            at_most(name, getattr(self, name), MAX_NEW_TOKENS, "no model's context is that long")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes) or (
                 self.batch_size is not None and self.batch_size < 1):
             raise SettingError("{0} and {1} take integers >= 1", "batch_sizes", "batch_size")
@@ -313,7 +318,7 @@ def sampled_losslessness(model: StripedHyena, prompts: list[Prompt], drafter: An
     prefix = drafter.prefix_len
     for i, p in enumerate(prompts[: cfg.tvd_prompts]):
         sets: dict[str, list[list[int]]] = {"native_a": [], "native_b": [], "spec": []}
-        reserve = row_reserve(cfg.tvd_tokens, cfg.gamma)
+        reserve = row_reserve(cfg.tvd_tokens, largest_draft(cfg.gamma, cfg.tvd_tokens))
         pf = prefill_prompt(model, _ids(p), reserve, prefix)  # shared
         for s in range(cfg.tvd_samples):
             sets["native_a"].append(decode_native(model, _ids(p), cfg.tvd_tokens, SAMPLED,
@@ -387,7 +392,8 @@ def context_sweep(model: StripedHyena, drafter: Any, cfg: BenchConfig,
             continue
         ids = list(genome[:L].encode())
         try:
-            reserve = row_reserve(cfg.context_tokens, cfg.gamma)
+            reserve = row_reserve(cfg.context_tokens, largest_draft(cfg.gamma,
+                                                                    cfg.context_tokens))
             pf: Prefilled = prefill_prompt(model, ids, reserve, prefix)
             rss = peak_rss_mib()
             key = RngKey(5, L, 0)
@@ -465,9 +471,11 @@ def throughput(model: StripedHyena, drafter: Any, cfg: BenchConfig,
         throughput_options,
     )
 
-    headline = cfg.batch_size or default_batch_size(model.device)
-    sizes = sorted(set(cfg.batch_sizes) | {headline, 1})
     prompts = read_prompts([cfg.prompts])[: cfg.throughput_records]
+    jobs = max(1, len(prompts) * cfg.throughput_samples)  # no more rows than jobs: a
+    # larger batch decodes the same way, under a misleading name
+    headline = min(cfg.batch_size or default_batch_size(model.device), jobs)
+    sizes = sorted({min(b, jobs) for b in cfg.batch_sizes} | {headline, 1})
     tcfg = ThroughputConfig(records=len(prompts), samples=cfg.throughput_samples,
                             new_tokens=cfg.throughput_tokens, batch_sizes=sizes, gamma=cfg.gamma,
                             rules=list(cfg.rules))
@@ -478,11 +486,11 @@ def throughput(model: StripedHyena, drafter: Any, cfg: BenchConfig,
         # context genome when there is one (else the prompts joined end to end)
         source = read_prompts([cfg.context_source or cfg.prompts])
         lo, hi = cfg.mixed_lengths
-        jobs = mixed_workload([p.seq for p in source], cfg.mixed_records,
-                              throughput_options(tcfg), model.config.vocab_size, (lo, hi))
+        mixed_jobs = mixed_workload([p.seq for p in source], cfg.mixed_records,
+                                    throughput_options(tcfg), model.config.vocab_size, (lo, hi))
         mixed = measure_throughput(model, [], drafter, tcfg, lambda m: log("mixed " + m),
-                                   jobs=jobs)
-        mixed["headline_batch_size"] = headline
+                                   jobs=mixed_jobs)
+        mixed["headline_batch_size"] = min(headline, len(mixed_jobs))
         out["mixed"] = mixed
     return out
 
@@ -509,8 +517,38 @@ def bench_drafters(model: StripedHyena, cfg: BenchConfig, extra: list[str] | Non
     return ds
 
 
+def check_bench_tokens(model: StripedHyena, cfg: BenchConfig) -> None:
+    """Before any work: the new tokens of every section that runs must fit in the model's
+    context beside that section's longest prompt (each row reserves its cache for them), refused
+    naming the setting that asks for them."""
+    limit = model.config.max_seqlen
+    prompts = read_prompts([cfg.prompts])
+
+    def longest(n: int) -> int:
+        return max((len(p.seq) for p in prompts[:n]), default=0)
+
+    runs = {"speed": ("new_tokens", cfg.new_tokens, longest(cfg.n_prompts)),
+            "gamma": ("new_tokens", cfg.new_tokens, longest(min(cfg.n_prompts,
+                                                                cfg.gamma_sweep_prompts))),
+            "tvd": ("tvd_tokens", cfg.tvd_tokens, longest(min(cfg.n_prompts, cfg.tvd_prompts))),
+            "depth": ("depth_tokens", cfg.depth_tokens, longest(1)),
+            "throughput": ("throughput_tokens", cfg.throughput_tokens,
+                           longest(cfg.throughput_records)),
+            "mixed": ("throughput_tokens", cfg.throughput_tokens, cfg.mixed_lengths[1]),
+            "context": ("context_tokens", cfg.context_tokens, 1)}
+    skipped = set(cfg.skip) | ({"mixed"} if "throughput" in cfg.skip or not cfg.mixed_records
+                               else set()) | (set() if cfg.context_source else {"context"})
+    for section, (name, tokens, prompt) in runs.items():
+        if section in skipped or tokens == 0 or prompt + tokens <= limit:
+            continue
+        raise SettingError("{0} " + f"{tokens:,}: a prompt of {prompt:,} bases (the {section} "
+                           f"section) and that many new tokens exceed the model's context of "
+                           f"{limit:,}", name)
+
+
 def run_bench(model: StripedHyena, cfg: BenchConfig, out_dir: str | Path, command: str,
               drafters: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> dict:
+    check_bench_tokens(model, cfg)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prompts = read_prompts([cfg.prompts])[: cfg.n_prompts]

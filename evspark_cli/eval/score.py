@@ -6,7 +6,7 @@ nothing from training, so the packages do not import each other in a loop.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -48,13 +48,15 @@ def iter_eval_windows(seq: np.ndarray | Tensor, window: int, context: int
 
 @torch.inference_mode()
 def score_sequence(model: StripedHyena, ids: Tensor, context: int, window: int,
-                   keep_logits: bool = False, max_tokens: int | None = None
+                   keep_logits: bool = False, max_tokens: int | None = None,
+                   on_window: Callable[[int], None] | None = None
                    ) -> tuple[float, Tensor | None]:
     """Bits per nucleotide of ids (1-D); every scored base sees up to `context` earlier bases.
 
     The record is tiled into passes of context + window tokens (stateless forward, FFT filters);
     position 0 has no context and is not scored. With `keep_logits`, the fp32 logits that
-    predict positions 1..L-1 are returned (shape (L-1, V)).
+    predict positions 1..L-1 are returned (shape (L-1, V)). `on_window(scored)` is told the
+    bases scored so far after each pass, so that a long record shows progress inside it.
     """
     total, count = 0.0, 0
     parts: list[Tensor] = []
@@ -64,6 +66,8 @@ def score_sequence(model: StripedHyena, ids: Tensor, context: int, window: int,
         tgt = chunk[first:].to(model.device)
         total += float(-torch.log_softmax(pred, dim=-1).gather(1, tgt[:, None]).sum())
         count += int(tgt.numel())
+        if on_window is not None:
+            on_window(count)
         if keep_logits:
             parts.append(pred.cpu())
         if max_tokens is not None and count >= max_tokens:

@@ -121,13 +121,14 @@ class VerifyResult:
 def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Drafter | None,
                    options: VerifyOptions,
                    on_prompt: Callable[[dict[str, Any]], None] | None = None,
-                   batch_size: int = 1) -> VerifyResult:
+                   batch_size: int = 1, max_memory: str | int | None = None) -> VerifyResult:
     """Native vs speculative decoding of every prompt with the options' sampler, compared token
     by token.
 
     With `batch_size` > 1 the speculative side decodes all prompts in batches of that many rows
     and each is compared with its own single-stream native run: the batched engine is held to
-    the plain one-row reference."""
+    the plain one-row reference. The batch is checked against the memory there is (and
+    `max_memory`) before any decoding, as `generate` checks its own."""
     if drafter is None:
         raise InputError("verify needs a drafter (not 'none')")
     tol = options.tie_tolerance
@@ -135,8 +136,9 @@ def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Draf
         tol = default_tie_tolerance(next(model.parameters()).dtype)
     opts = options.decode
     jobs = build_jobs([Record.of(p, model.config.vocab_size) for p in prompts], opts)
-    if batch_size > 1:
-        return _verify_batched(model, jobs, drafter, opts, tol, batch_size, on_prompt)
+    rows_at_once = plan_batch(model, jobs, opts, drafter, batch_size, max_memory)
+    if rows_at_once > 1:
+        return _verify_batched(model, jobs, drafter, opts, tol, rows_at_once, on_prompt)
     rows = []
     for p, job in zip(prompts, jobs):
         for _, _, nat, spec in side_by_side(model, p, opts.max_new_tokens, opts.sampler, job.rng,
@@ -152,13 +154,14 @@ def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Draf
 def _verify_batched(model: StripedHyena, jobs: list[Job], drafter: Drafter,
                     opts: DecodeOptions, tol: float, batch_size: int,
                     on_prompt: Callable[[dict[str, Any]], None] | None) -> VerifyResult:
-    """Every job natively, one at a time; then all speculatively, `batch_size` rows at once."""
+    """Every job natively, one at a time; then all speculatively, `batch_size` rows at once
+    (planned: at most the jobs, and fitting in memory)."""
+    rows_at_once = batch_size
     natives = [decode_native(model, list(j.prompt), j.max_new_tokens, opts.sampler, j.rng,
                              j.label, track_margins=True) for j in jobs]
     t0 = time.perf_counter()
-    rows_at_once = plan_batch(model, jobs, opts, drafter, batch_size)  # clamped, checked
-    dec = BatchDecoder(model, opts.sampler, drafter, opts.gamma, rows_at_once, opts.rollback,
-                       adaptive=opts.adaptive)
+    dec = BatchDecoder(model, opts.sampler, drafter, opts.largest_draft, rows_at_once,
+                       opts.rollback, adaptive=opts.adaptive)
     spec: dict[int, DecodeResult] = {}
     for o in dec.run(jobs):
         if o.error is not None:
@@ -173,5 +176,5 @@ def _verify_batched(model: StripedHyena, jobs: list[Job], drafter: Drafter,
         rows.append(row)
         if on_prompt is not None:
             on_prompt(row)
-    return VerifyResult(drafter_name(drafter), opts.gamma, tol, rows, batch_size,
+    return VerifyResult(drafter_name(drafter), opts.gamma, tol, rows, rows_at_once,
                         sum(n.wall_s for n in natives), spec_s, opts.sampler)

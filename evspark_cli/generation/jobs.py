@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..decode.drafters.base import RngKey
 from ..decode.jobs import Job
-from ..errors import InputError
+from ..errors import InputError, SettingError
 from ..io.sequences import clean
 from ..io.types import Prompt
 from ..model.tokenizer import tokenize
@@ -121,15 +121,50 @@ class Record:
                    record_key(prompt.random_key), prompt)
 
 
+JOB_BYTES = 1024
+"""Memory one job costs while a run holds it: the Job with its random-number key and output id
+(about 360 bytes), its entries in the batch plan and the run's passes, rounded up."""
+OUTPUT_BYTES, OUTPUT_TOKEN_BYTES = 8 << 10, 112
+"""Memory one finished output costs while a caller keeps it (`generate_many` returns them all):
+its stats row and decode record, and per token its id, letter and round bookkeeping (measured
+about 8.4 KiB + 107 bytes a token)."""
+_CHECKED_BELOW = 64 << 20  # bookkeeping this small is not worth reading the memory limits for
+
+
+def check_job_count(records: int, samples: int, kept_tokens: int | None = None) -> None:
+    """Refuse (SettingError naming `samples`) `records` x `samples` jobs whose bookkeeping
+    alone (and, with `kept_tokens`, their outputs of that many tokens kept to the end) would not
+    fit in the memory there is: before a single job is built."""
+    from ..model.memory import available_bytes, gib
+
+    jobs = records * samples
+    per_job = JOB_BYTES + (0 if kept_tokens is None
+                           else OUTPUT_BYTES + OUTPUT_TOKEN_BYTES * kept_tokens)
+    need = jobs * per_job
+    if need <= _CHECKED_BELOW:
+        return
+    room = available_bytes("cpu")
+    if room is None or need <= room:
+        return
+    what = "their outputs need" if kept_tokens is not None else "their bookkeeping alone needs"
+    raise SettingError(f"{records:,} record{'s' if records != 1 else ''} x {{0}} {samples:,} "
+                       f"are {jobs:,} sequences; {what} about {gib(need)} of memory, "
+                       f"{gib(room)} is available; use fewer {{0}} or records", "samples")
+
+
 def build_jobs(records: Iterable[Record], options: DecodeOptions,
                skip: set[str] | frozenset[str] = frozenset(),
                samples: range | None = None) -> list[Job]:
     """Every (record, sample) as a job, record by record and sample by sample, leaving out the
     output ids in `skip` (finished by an earlier run). `samples`: the sample indices to build
-    (default: all `options.samples`). `index` is the job's place in the list."""
+    (default: all `options.samples`). `index` is the job's place in the list. Refused before any
+    is built when their bookkeeping would not fit in memory (`check_job_count`)."""
+    listed = list(records)
+    indices = samples if samples is not None else range(options.samples)
+    check_job_count(len(listed), len(indices))
     out: list[Job] = []
-    for r in records:
-        for s in samples if samples is not None else range(options.samples):
+    for r in listed:
+        for s in indices:
             jid = job_id(r.id, s, options.samples)
             if jid not in skip:
                 out.append(Job(len(out), r.tokens, options.max_new_tokens,

@@ -28,9 +28,24 @@ def default_batch_size(device: torch.device) -> int:
     return CUDA_BATCH if device.type == "cuda" else CPU_BATCH
 
 
+MAX_SAMPLES = 1_000_000
+"""The most continuations of one record: a million sequences take days to decode already, and a
+larger count is a typo whose jobs alone would fill the memory."""
+MAX_NEW_TOKENS = 10 ** 9
+"""The most new tokens per sequence before a model is known (no model's context is longer);
+the model's own context bounds it further (`check_context`)."""
+
+
 def _integer(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SettingError.of(name, f"must be an integer, got {value!r}")
+
+
+def at_most(name: str, value: int, high: int, why: str) -> None:
+    """Refuse `value > high` as `{name} must be <= {high} ({why}), got {value}`: a size that
+    no run could hold, refused before anything is built for it."""
+    if value > high:
+        raise SettingError.of(name, f"must be <= {high:,} ({why}), got {value}")
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,9 @@ class DecodeOptions:
         at_least("max_new_tokens", self.max_new_tokens, 1)
         at_least("gamma", self.gamma, 1)
         at_least("samples", self.samples, 1)
+        at_most("max_new_tokens", self.max_new_tokens, MAX_NEW_TOKENS, "no model's context is "
+                "that long")
+        at_most("samples", self.samples, MAX_SAMPLES, "continuations of one record")
         if self.rollback not in ROLLBACKS:
             raise SettingError.of("rollback", f"must be {' or '.join(ROLLBACKS)}, "
                                               f"got {self.rollback!r}")

@@ -61,7 +61,10 @@ def open_outputs(scheme: RecordScheme, prompts: Sequence[Prompt], output: str | 
         fasta.check_resumed(want, {i: {"prompt_sha256": prompt_hash(p.seq)}
                                    for i, (p, _) in by_id.items()}, LATER_WORDS)
         if stats:
-            stat_out = StatsOutput(stats, STATS_COLUMNS, resume=resume)
+            # with the FASTA on standard output nothing can be resumed: a stats partial is
+            # kept (it holds the rows of the records written) but not offered to --resume
+            stat_out = StatsOutput(stats, STATS_COLUMNS, resume=resume,
+                                   resumable=fasta.path is not None)
             stat_out.check_resumed({i: scheme.stats_row(p, s) for i, (p, s) in by_id.items()})
             if fasta.done_ids and not stat_out.existed:
                 raise SettingError(f"{{0}}: {_braced(fasta.partial)} has {len(fasta.done_ids)} "

@@ -12,7 +12,7 @@ from ..decode.drafters.registry import resolve_drafter
 from ..decode.jobs import Job
 from ..errors import SettingError
 from ..io.types import Prompt
-from ..model.memory import check_batch_fits, largest_batch, run_budget
+from ..model.memory import check_batch_fits, largest_batch, process_bytes, run_budget, run_memory
 from ..model.model import StripedHyena
 from .options import DecodeOptions, check_context, check_gamma, default_batch_size
 
@@ -69,3 +69,16 @@ def memory_inputs(model: StripedHyena, jobs: Sequence[Job], options: DecodeOptio
     needs = None if dense_layout(model) else [
         options.row_capacity(len(j.prompt), speculative) + 1 for j in jobs]
     return context, options.block(speculative), needs
+
+
+def peak_estimate(model: StripedHyena, jobs: Sequence[Job], options: DecodeOptions,
+                  drafter: Drafter | None, rows: int) -> int:
+    """The most memory this process should hold while it decodes `jobs` `rows` at a time
+    (bytes): what it holds now and the run's rows and transients, as the batch check counts
+    them (model/memory.py). benchmarks/memory_check.py measures it against the peak."""
+    context, block, needs = memory_inputs(model, jobs, options, drafter)
+    weights = next(model.parameters()).dtype
+    est = run_memory(model.config, weights, weights, context, block, rows,
+                     with_parameters=model.device.type != "cpu", needs=needs,
+                     chunk=model.prefill_chunk())
+    return (process_bytes() if model.device.type == "cpu" else 0) + est.total(rows)

@@ -133,6 +133,11 @@ class RunObserver(Protocol):
     def round_done(self, report: RoundReport, p: Pass) -> None:
         """A round of `p` ended, having emitted `report.tokens` tokens."""
 
+    def prefill_progress(self, job: Job, done: int, total: int, p: Pass) -> None:
+        """`job`'s prompt (`total` bases) is being prefilled: `done` of them so far, told when it
+        starts (0), between its chunks, and when it ends (`total`). A record's other samples
+        share that prefill and tell nothing."""
+
 
 @dataclass
 class GenerationRun:
@@ -222,11 +227,22 @@ class GenerationRun:
 
         return hook
 
+    def _prefills(self, p: Pass) -> Callable[[Job, int, int], None] | None:
+        """The decoder's prefill hook: the observer's, told which pass it is in."""
+        observer = self.observer
+        if observer is None:
+            return None
+
+        def hook(job: Job, done: int, total: int) -> None:
+            observer.prefill_progress(job, done, total, p)
+
+        return hook
+
     def _native(self, p: Pass) -> dict[int, DecodeResult]:
         """The slice decoded natively (same batch size): job index -> result."""
         t0 = time.perf_counter()
         dec = BatchDecoder(self.model, self.options.sampler, None, 0, self.batch_size,
-                           on_round=self._rounds(p, None))
+                           on_round=self._rounds(p, None), on_prefill=self._prefills(p))
         got = {o.job.index: o.result for o in dec.run(self._feed(p)) if o.result is not None}
         seconds = time.perf_counter() - t0
         tokens = sum(len(r.tokens) for r in got.values())
@@ -269,10 +285,13 @@ class GenerationRun:
         """The pass's results as the decoder finishes them, its decoding time (not the
         caller's time between them) counted in the summary and in its pair."""
         opts = self.options
-        dec = BatchDecoder(self.model, opts.sampler, drafter, opts.gamma, self.batch_size,
-                           opts.rollback, adaptive=opts.adaptive,
+        # the drafts a round can use (not a --gamma past the tokens asked: the schedule's
+        # cost table and calibration are sized by it)
+        dec = BatchDecoder(self.model, opts.sampler, drafter, opts.largest_draft,
+                           self.batch_size, opts.rollback, adaptive=opts.adaptive,
                            on_round=self._rounds(p, None if p.timing_only else self.on_round),
-                           capacity=opts.row_capacity(max(len(j.prompt) for j in p.jobs)))
+                           capacity=opts.row_capacity(max(len(j.prompt) for j in p.jobs)),
+                           on_prefill=self._prefills(p))
         # a timing-only repeat counts in its pair, not in the run's totals
         summary = self.summary if not p.timing_only else RunSummary()
         tokens, away = 0, 0.0

@@ -22,7 +22,7 @@ from typing import Protocol
 from .indexed import MemorySource, Source, open_source
 from .regions import candidate_names, resolve_region
 from .sequences import check_iupac, check_tail, clean, iupac_key
-from .shard import parse_shard, select_shard
+from .shard import in_shard, parse_shard, select_shard
 from .streams import PIECE, CheckedLines, fail, open_lines
 from .types import LengthCap, Prompt
 
@@ -238,11 +238,12 @@ def _memory(path: str, wanted: set[str]) -> MemorySource:
 def _read_regions(
     inputs: list[str], regions: list[str], tail: int | None, index_dir: str | None,
     iupac: str = "keep", cap: LengthCap | None = None,
-    labels: Sequence[str | None] | None = None,
+    labels: Sequence[str | None] | None = None, only: tuple[int, int] | None = None,
 ) -> list[Prompt]:
     """Extract the regions, in the order given, looking each record up across all inputs; with
     a tail, only the tail of each region is fetched. `labels[i]`, when not None, names region
-    i in messages instead of `region 'TEXT'` (a BED file's line)."""
+    i in messages instead of `region 'TEXT'` (a BED file's line). Regions outside the shard
+    `only` are checked but not held (`read_prompts`)."""
     texts = list(regions)
     names = list(labels or [])
     names += [None] * (len(texts) - len(names))
@@ -262,8 +263,9 @@ def _read_regions(
                 owner[rid] = src
         prompts: list[Prompt] = []
         given: set[str] = set()
-        for text, label in zip(texts, names):
+        for index, (text, label) in enumerate(zip(texts, names)):
             called = label or f"region {text!r}"
+            ours = in_shard(index, only)
             region = resolve_region(text, owner.__contains__)
             src = owner.get(region.name)
             if src is None:
@@ -293,8 +295,9 @@ def _read_regions(
             what = f"record {region.name!r} in {src.path}"
             if rid != region.name:
                 what += f" (region {rid})"
-            first = max(start, end - tail + 1) if tail is not None else start
-            if tail is None and cap is not None and end - start + 1 > cap.bases:
+            keep = tail if ours else 1  # another shard's region: only its last base is read
+            first = max(start, end - keep + 1) if keep is not None else start
+            if keep is None and cap is not None and end - start + 1 > cap.bases:
                 raise cap.refusal(what)
             raw = src.fetch(region.name, first, end)
             seq = clean(raw, what, first - 1, iupac, iupac_key(region.name))
@@ -337,6 +340,7 @@ def read_prompts(
     cap: LengthCap | None = None,
     keep_empty: bool = False,
     region_labels: Sequence[str | None] | None = None,
+    only: str | tuple[int, int] | None = None,
 ) -> list[Prompt]:
     """Read, validate and upper-case every record of every input (or only `regions`).
 
@@ -348,24 +352,29 @@ def read_prompts(
     prompt from the I-th (io/shard.py). An empty record is an error, or with `keep_empty` a
     prompt with no bases (io/prompts.py skips them with a warning); io/regions.py has the
     region grammar. `region_labels[i]`, when given and not None, names region i in messages
-    (`regions.bed line 3`). Raises InputError with a one-line message.
+    (`regions.bed line 3`). The prompts outside the shard `only` (default: `shard`) are checked
+    as the others are but neither held nor held to `cap`, so a record too long for the model
+    fails only the shard that decodes it. Raises InputError with a one-line message.
     """
     tail = check_tail(prompt_tail)
     check_iupac(iupac)
     shard_t = parse_shard(shard) if shard is not None else None
+    only_t = parse_shard(only) if only is not None else shard_t
     inputs = [os.fspath(p) for p in inputs]  # Path objects are fine too
     _check_inputs(inputs)
     if regions:
         index = None if index_dir is None else os.fspath(index_dir)
         return select_shard(_read_regions(inputs, list(regions), tail, index, iupac, cap,
-                                          region_labels), shard_t)
+                                          region_labels, only_t), shard_t)
     prompts: list[Prompt] = []
     seen: dict[str, str] = {}
     for path in inputs:
         made: dict[str, _Checked] = {}
 
         def sink(rid: str, path: str = path) -> _Checked:
-            made[rid] = _Checked(f"record {rid!r} in {path}", iupac, iupac_key(rid), tail, cap)
+            ours = in_shard(len(prompts), only_t)  # the index this record will have
+            made[rid] = _Checked(f"record {rid!r} in {path}", iupac, iupac_key(rid),
+                                 tail if ours else 1, cap if ours else None)
             return made[rid]
 
         for rid, desc, seq in _records(path, sink):

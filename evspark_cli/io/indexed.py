@@ -18,9 +18,11 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from ..files import Input
 from .streams import fail, probe
 
-__all__ = ["Source", "MemorySource", "IndexedSource", "default_index_dir", "open_source"]
+__all__ = ["Source", "MemorySource", "IndexedSource", "default_index_dir", "index_files",
+           "open_source"]
 
 _FINGERPRINT_BYTES = 1 << 16
 _WHITESPACE = str.maketrans("", "", " \t\r\n\v\f")
@@ -226,6 +228,27 @@ def _open_indexed(path: str, kind: str, cache: str | None) -> Any | None:
         for leftover in (tmp + ".fai", tmp + ".gzi"):
             with contextlib.suppress(OSError):
                 os.remove(leftover)
+
+
+def index_files(path: str, index_dir: str | None = None) -> list[Input]:
+    """The index files a region read of `path` reads or may build: the `.fai` (and, for a name
+    pyfaidx takes as BGZF, the `.gzi`) beside it, and its entry in `index_dir` when one is
+    given. An output must not be one of them, whether or not it exists yet."""
+    if path == "-":
+        return []
+    what = f"the index of {path}"
+    found = [Input(path + ".fai", what, create=True)]
+    if path.lower().endswith((".gz", ".bgz")):
+        found.append(Input(path + ".gzi", what, create=True))
+    if index_dir is not None and os.path.isfile(path):
+        try:
+            base = os.path.join(index_dir, _fingerprint(os.path.realpath(path),
+                                                        os.stat(path)))
+        except OSError:  # unreadable: reading it reports why
+            return found
+        found += [Input(base + ext + idx, what, create=True) for ext in (".fa", ".fa.gz")
+                  for idx in ("", ".fai", ".gzi")]
+    return found
 
 
 def open_source(path: str, index_dir: str | None, memory: Callable[[], Source]) -> Source:

@@ -81,7 +81,7 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
     if wanted:
         labels = [None] * (len(wanted) - len(beds)) + [b.where for b in beds]
         got = read_prompts(inputs, wanted, prompt_tail, index_dir=index_dir, iupac=iupac,
-                           cap=cap, region_labels=labels)
+                           cap=cap, region_labels=labels, only=shard)
         n_plain = len(wanted) - len(beds)
         got = got[:n_plain] + name_bed_prompts(got[n_plain:], beds)
         _unique(got)

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from .streams import fail_setting
 
-__all__ = ["parse_shard", "select_shard"]
+__all__ = ["in_shard", "parse_shard", "select_shard"]
 
 T = TypeVar("T")
 _SHARD = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*")
@@ -43,3 +43,8 @@ def select_shard(items: Sequence[T], shard: tuple[int, int] | None) -> list[T]:
         return list(items)
     i, n = shard
     return list(items[i - 1 :: n])
+
+
+def in_shard(index: int, shard: tuple[int, int] | None) -> bool:
+    """Whether the item at 0-based `index` belongs to `shard` (None: every item does)."""
+    return shard is None or index % shard[1] == shard[0] - 1

@@ -43,11 +43,21 @@ class LengthCap:
 
     bases: int
     why: str  # "the model's context"
+    setting: str | None = None  # a setting `why` names by its Python name (`max_memory`)
 
     def refusal(self, what: str) -> SettingError:
         """`what` is too long: the fix is the `prompt_tail` setting (`--prompt-tail N`)."""
-        return fail_setting(f"{what} is longer than {self.why} ({self.bases:,} bases); use ",
-                            "prompt_tail", " N")
+        if self.setting is None:
+            return fail_setting(f"{what} is longer than {self.why} ({self.bases:,} bases); use ",
+                                "prompt_tail", " N")
+        before, _, after = self.why.partition(self.setting)
+        text = (f"{what} is longer than {before}", f"{after} ({self.bases:,} bases); use ")
+        return SettingError(_literal(text[0]) + "{1}" + _literal(text[1]) + "{0} N",
+                            "prompt_tail", self.setting)
+
+
+def _literal(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 @dataclass(frozen=True)

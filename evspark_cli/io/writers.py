@@ -14,13 +14,12 @@ import math
 import os
 import re
 import stat
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import InputError, RunError, SettingError, literal
-from ..files import Output, atomic_path, check_distinct
+from ..files import Output, RunInput, atomic_path, check_distinct, write_stdout
 
 try:  # POSIX: refuse two processes appending to the same partial file
     import fcntl
@@ -33,7 +32,9 @@ __all__ = ["check_output_path", "check_distinct_outputs", "fasta_letters", "writ
 
 PARTIAL_SUFFIX = ".partial"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-_UNFINISHED: set[str] = set()  # partial files this process created or resumed, not yet renamed
+_UNFINISHED: dict[str, bool] = {}
+"""Partial files this process created or resumed, not yet renamed: whether --resume can continue
+each (not the stats of a run whose FASTA went to standard output)."""
 
 
 def forget_partials() -> None:
@@ -41,10 +42,12 @@ def forget_partials() -> None:
     _UNFINISHED.clear()
 
 
-def kept_partials() -> list[str]:
+def kept_partials(resumable: bool | None = None) -> list[str]:
     """The `.partial` files this process started or resumed that are still there (unfinished):
-    what an interrupted or failed run can tell the user to resume."""
-    return sorted(p for p in _UNFINISHED if os.path.lexists(p))
+    what an interrupted or failed run can tell the user to resume; with `resumable`, only
+    those that --resume can (True) or cannot (False) continue."""
+    return sorted(p for p, ok in _UNFINISHED.items()
+                  if os.path.lexists(p) and resumable in (None, ok))
 _T = TypeVar("_T", bound="_PartialOutput")
 _SEQ_OK = re.compile(rb"[A-Za-z*.\-]+")
 _SEQ_OK_STR = re.compile(r"[A-Za-z*.\-]*")
@@ -83,7 +86,7 @@ def check_output_path(path: str | None) -> None:
         raise InputError(f"{path}: output directory {parent} is not writable")
 
 
-def check_distinct_outputs(inputs: Sequence[str] | None,
+def check_distinct_outputs(inputs: Sequence[RunInput] | None,
                            outputs: Sequence[tuple[str, str | None]]) -> None:
     """Outputs (option, path), each written through `PATH.partial`, must not be an input (it
     would be overwritten) nor each other, nor another's `.partial`: compared by file identity
@@ -117,8 +120,11 @@ class _PartialOutput:
     their ids), and call `_emit(text, record_id)` once per record.
     """
 
-    def __init__(self, path: str | None, resume: bool = False) -> None:
+    def __init__(self, path: str | None, resume: bool = False, resumable: bool = True) -> None:
+        """`resumable=False`: the run's other output goes to standard output, so no --resume
+        can continue this one; a partial it left is refused as such (delete it)."""
         self.path: str | None = None if _is_stdout(path) else path
+        self.resumable = resumable
         self.partial: str | None = None
         self.done_ids: set[str] = set()
         self.existed = False  # True when this run continues a partial another run left
@@ -143,6 +149,9 @@ class _PartialOutput:
         holder = _lock_holder(self.partial)
         if holder is not None:
             raise self._in_use(holder)
+        if not self.resumable:
+            raise InputError(f"{self.partial} exists (left by an interrupted run); a run "
+                             "writing to standard output cannot resume it: delete it to rerun")
         if not resume:
             raise SettingError(f"{literal(self.partial)} exists (left by an interrupted run): "
                                "pass {0} to continue it, or delete it", "resume")
@@ -189,7 +198,7 @@ class _PartialOutput:
             except OSError:
                 self.close()
                 raise self._in_use(_holder_of(st)) from None
-        _UNFINISHED.add(os.path.abspath(self.partial))
+        _UNFINISHED[os.path.abspath(self.partial)] = self.resumable
 
     def _create(self) -> None:
         assert self.partial is not None
@@ -255,8 +264,7 @@ class _PartialOutput:
         if self._finished:
             raise ValueError("output already finished")
         if self.path is None:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            write_stdout(text)
         else:
             if self._fd is None:
                 raise ValueError("output is closed")
@@ -276,7 +284,7 @@ class _PartialOutput:
         if self._finished:
             return
         if self.path is None:
-            sys.stdout.flush()
+            write_stdout("")
             self._finished = True
             return
         assert self.partial is not None
@@ -296,7 +304,7 @@ class _PartialOutput:
         finally:
             self.close()
         self._finished = True
-        _UNFINISHED.discard(os.path.abspath(self.partial))
+        _UNFINISHED.pop(os.path.abspath(self.partial), None)
         try:  # make the rename itself durable
             dfd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
             try:
@@ -391,7 +399,7 @@ class _PartialOutput:
                 and self._still_ours()):
             with contextlib.suppress(OSError):
                 os.remove(self.partial)
-            _UNFINISHED.discard(os.path.abspath(self.partial))
+            _UNFINISHED.pop(os.path.abspath(self.partial), None)
 
 
 def _read_all(fd: int) -> bytes:
@@ -610,8 +618,9 @@ class StatsOutput(_PartialOutput):
     """
 
     def __init__(self, path: str | None, columns: Sequence[str], resume: bool = False,
-                 fmt: str | None = None) -> None:
-        """`fmt` ("tsv" or "jsonl") overrides the format the file name's extension implies."""
+                 fmt: str | None = None, resumable: bool = True) -> None:
+        """`fmt` ("tsv" or "jsonl") overrides the format the file name's extension implies;
+        `resumable` as for the partial protocol."""
         cols = list(columns)
         if not cols or len(set(cols)) != len(cols):
             raise ValueError("columns must be a non-empty list of distinct names")
@@ -632,9 +641,9 @@ class StatsOutput(_PartialOutput):
             if ext not in (".tsv", ".jsonl"):
                 raise SettingError.of("stats", f"{path}: use a .tsv or .jsonl file name")
             self.format = ext[1:]
-        super().__init__(path, resume)
+        super().__init__(path, resume, resumable)
         if self.path is None:
-            sys.stdout.write(self._preamble())
+            write_stdout(self._preamble())
 
     def _preamble(self) -> str:
         return "\t".join(self.columns) + "\n" if self.format == "tsv" else ""

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ModelError
+from ..errors import ModelError, literal
 from ..files import read_bounded
 
 
@@ -193,7 +193,17 @@ class ModelConfig:
             raise ModelError(f"config {p} is not valid {kind}: {why}") from None
         if not isinstance(data, dict):
             raise ModelError(f"config {p} is not a mapping")
+        if data.get("kind") == "dspark":  # a drafter's config: say so, not "missing num_layers"
+            raise drafter_not_model(p.parent, data.get("target_name"))
         return cls.from_dict(data)
+
+
+def drafter_not_model(folder: Path, target: object = None) -> ModelError:
+    """The error for a drafter folder given where a model folder goes: how to pass both."""
+    of = f" ({target})" if isinstance(target, str) and target else ""
+    return ModelError(literal(f"{folder} is a drafter folder, not a model folder: pass its "
+                              f"target{of} with ") + "{0} and this folder with {1}",
+                      "model", "drafter")
 
 
 MAX_CONFIG_BYTES = 64 << 20

@@ -57,11 +57,16 @@ def by_class(needs: Sequence[int]) -> dict[int, list[int]]:
     return classes
 
 
-def class_layout_bytes(needs: Sequence[int], per_position: int) -> tuple[int, int]:
+def class_layout_bytes(needs: Sequence[int], per_position: int, uniform: bool = False
+                       ) -> tuple[int, int]:
     """What the class layout holds for rows of these needs: (bytes of every shelf, the largest
-    extra a shelf's growth holds for a moment, its old tensors beside the new). Shelves as
-    `Shelf` grows them: slots doubling from one, capacity the class's largest need rounded
+    extra a shelf's growth holds for a moment, its old tensors beside the new). `uniform`: every
+    row of the run needs the same positions, so the first batch's shelves are sized exactly
+    (`_presize`) and later rows take finished rows' slots in place: no shelf ever grows.
+    Otherwise as `Shelf` grows them: slots doubling, capacity the class's largest need rounded
     (`shelf_capacity`)."""
+    if uniform:
+        return len(needs) * max(needs, default=0) * per_position, 0
     held, growth = 0, 0
     for members in by_class(needs).values():
         slots = 1 << max(0, len(members) - 1).bit_length()

@@ -8,8 +8,11 @@ one line instead of failing (or swapping) after minutes. They count what the eng
   (2 x hidden per attention layer per position, in the activations' dtype) for the run's context;
 - per verification block, the per-position states `commit` slices (widened FIR buffers, modal
   states per position) and the block's activations;
-- the prompt being prefilled (one chunk's activations and FFT buffers) and the one-row copies
-  a batch makes while rows join it.
+- the prompt being prefilled (one chunk's activations, FFT buffers and per-position states) and
+  its state, which its record's samples fork from while they decode;
+- the rotary tables of the attention layers, which cover every position reached;
+- what the process holds before any of it (the interpreter, torch, the model: its resident
+  set), which a fixed limit (`--max-memory`) must also pay for.
 
 Loading is estimated too (`check_load_fits`): a config that asks for a model far larger than
 its weights file, or than the machine, is refused before a single tensor is built. The budget
@@ -20,17 +23,22 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from ..cgroups import memory_limits
 from ..errors import InputError, ModelError, SettingError, literal
 from .config import ModelConfig
 from .kvcache import class_layout_bytes
 
 FP32 = 4
+
+MAX_MEMORY = "max_memory"
+"""The setting that caps a run's memory (the command line's `--max-memory`)."""
 
 
 def _kinds(cfg: ModelConfig) -> list[str]:
@@ -93,11 +101,38 @@ def block_bytes(cfg: ModelConfig, rows: int, k: int) -> int:
     return FP32 * rows * (k * (per_pos + activations) + widths)
 
 
+ROPE_STEP = 1 << 16
+"""A rotary table grows by doubling up to this many rows, then by this many (attention.py)."""
+
+
+def rope_rows(positions: int) -> int:
+    """Rows of a rotary table that covers `positions`, as it grows (doubling, then steps)."""
+    if positions <= ROPE_STEP:
+        return 1 << max(0, positions - 1).bit_length()
+    return -(-positions // ROPE_STEP) * ROPE_STEP
+
+
+def rope_bytes(cfg: ModelConfig, positions: int) -> int:
+    """Every attention layer's rotary table (cos and sin, fp32) covering `positions`, plus the
+    angles of the one being rebuilt as the table grows."""
+    layers = sum(1 for kind in _kinds(cfg) if kind == "attn")
+    if not layers:
+        return 0
+    half = cfg.head_dim // 2
+    return FP32 * rope_rows(positions) * half * (2 * layers + 1)
+
+
 def prefill_bytes(cfg: ModelConfig, chunk: int) -> int:
     """A prefill chunk's transient memory: activations and the LI layers' FFT buffers."""
     D, F = cfg.hidden_size, cfg.mlp_size
     fft = 2 * (2 * chunk) * D * 2  # complex spectra of w and h at twice the chunk, fp32 pairs
     return FP32 * chunk * (6 * D + 2 * F + cfg.vocab_size) + FP32 * fft
+
+
+ALLOCATOR_SLACK = 0.08
+"""What the allocator holds beyond the live tensors (freed blocks it keeps, fragmentation), as a
+fraction of a run's state and transients: a resident peak 3 % above the live count was measured
+on a CPU (benchmarks/memory_check.py), so a run planned to a limit stays under it."""
 
 
 @dataclass(frozen=True)
@@ -117,9 +152,12 @@ class RunMemory:
 
     def total(self, rows: int) -> int:
         if self.needs is None:
-            return self.parameters + rows * self.per_row + self.transient
-        held, growth = class_layout_bytes(self.needs[:rows], self.kv_position)
-        return self.parameters + rows * self.fixed_row + held + growth + self.transient
+            run = rows * self.per_row + self.transient
+        else:
+            uniform = len(set(self.needs)) <= 1  # every job needs the same positions
+            held, growth = class_layout_bytes(self.needs[:rows], self.kv_position, uniform)
+            run = rows * self.fixed_row + held + growth + self.transient
+        return self.parameters + math.ceil(run * (1 + ALLOCATOR_SLACK))
 
 
 def run_memory(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dtype,
@@ -130,17 +168,36 @@ def run_memory(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dty
     the prefill chunk (`StripedHyena.prefill_chunk`; default the config's)."""
     item = torch.empty((), dtype=weight_dtype).element_size()
     params = parameter_count(cfg) * item if with_parameters else 0
-    # a row's state; plus, once per run, the prompt being prefilled and its fork (2 more rows)
     fixed, per_position = fixed_state_bytes(cfg), kv_bytes_per_token(cfg, act_dtype)
     per_row = fixed + per_position * context
-    transient = (2 * per_row + block_bytes(cfg, rows, block)
-                 + prefill_bytes(cfg, min(chunk or cfg.prefill_chunk, max(context, 1))))
+    chunk = min(chunk or cfg.prefill_chunk, max(context, 1))
+    # beside the rows: the record whose samples are decoding keeps its prefilled state (one
+    # row), which the dense layout also copies once more while it grows to the batch's
+    # capacity; a prompt's prefill holds its chunk's activations and the chunk's per-position
+    # states (a block of `chunk` positions); a round holds its block's
+    prefilled = (1 if needs is not None else 2) * per_row
+    transient = (prefilled + block_bytes(cfg, rows, block) + prefill_bytes(cfg, chunk)
+                 + block_bytes(cfg, 1, chunk) + rope_bytes(cfg, context))
     return RunMemory(params, per_row, transient, fixed, per_position,
                      None if needs is None else tuple(sorted(needs, reverse=True)))
 
 
+def process_bytes() -> int:
+    """Memory this process holds now: its resident set (the interpreter, torch and its
+    libraries, a loaded model), which a fixed limit (`max_memory`) must also pay for."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # not Linux: the peak so far is the best known
+        import resource
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
 def _limits(device: torch.device | str = "cpu") -> list[tuple[int, str]]:
-    """Every limit on this process's memory that can be read, each with its name."""
+    """Every limit on this process's memory that can be read, each with its name: on a CPU the
+    kernel's MemAvailable and what each level of this process's own cgroup leaves (cgroups.py),
+    which already exclude what the process holds; EVSPARK_MAX_MEMORY as given (`fixed_limit`)."""
     dev = torch.device(device)
     if dev.type == "cuda":
         free, _ = torch.cuda.mem_get_info(dev)
@@ -153,21 +210,16 @@ def _limits(device: torch.device | str = "cpu") -> list[tuple[int, str]]:
                     found.append((int(line.split()[1]) * 1024, "available memory"))
         except (OSError, ValueError, IndexError):
             pass
-        for limit_file, usage_file in (
-                ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                 "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-            try:
-                limit = Path(limit_file).read_text().strip()
-                usage = int(Path(usage_file).read_text().strip())
-            except (OSError, ValueError):
-                continue
-            if limit.isdigit() and int(limit) < 1 << 60:
-                found.append((max(int(limit) - usage, 0), "available memory (cgroup)"))
+        found.extend((c.left, "available memory (cgroup)") for c in memory_limits())
     env = os.environ.get("EVSPARK_MAX_MEMORY")
     if env:
         found.append((parse_size(env, None), "EVSPARK_MAX_MEMORY"))
     return found
+
+
+FIXED_LIMITS = (MAX_MEMORY, "EVSPARK_MAX_MEMORY")
+"""Limits that count the whole process (what it already holds included), unlike the memory
+still available, which is read live."""
 
 
 def available_bytes(device: torch.device | str = "cpu") -> int | None:
@@ -176,10 +228,6 @@ def available_bytes(device: torch.device | str = "cpu") -> int | None:
     share); never more than EVSPARK_MAX_MEMORY. None when nothing can be read."""
     found = _limits(device)
     return min(b for b, _ in found) if found else None
-
-
-MAX_MEMORY = "max_memory"
-"""The setting that caps a run's memory (the command line's `--max-memory`)."""
 
 
 @dataclass(frozen=True)
@@ -214,8 +262,22 @@ class Budget:
 
 def memory_budget(device: torch.device | str = "cpu",
                   max_memory: str | int | None = None) -> Budget:
-    """The tightest of the readable limits (`_limits`) and `max_memory` (a size such as "8G",
-    or bytes): what a run on `device` may use."""
+    """What a run on `device` may still allocate: the tightest of the readable limits
+    (`_limits`) and `max_memory` (a size such as "8G", or bytes). On a CPU a fixed limit
+    (`FIXED_LIMITS`) counts the whole process, so what the process holds now (`process_bytes`:
+    the interpreter, torch, a loaded model) is taken off it."""
+    return _tightest(device, max_memory, 0)
+
+
+def run_budget(device: torch.device | str, max_memory: str | int | None,
+               loaded_bytes: int) -> Budget:
+    """What a run may still use once its model (`loaded_bytes`) is in memory: as
+    `memory_budget`; on a GPU a fixed limit is taken as the GPU's, less the model there."""
+    return _tightest(device, max_memory, loaded_bytes)
+
+
+def _tightest(device: torch.device | str, max_memory: str | int | None,
+              loaded_bytes: int) -> Budget:
     found = _limits(device)
     if max_memory is not None:
         limit = parse_size(max_memory) if isinstance(max_memory, str) else int(max_memory)
@@ -224,23 +286,16 @@ def memory_budget(device: torch.device | str = "cpu",
         found.append((limit, MAX_MEMORY))
     if not found:
         return Budget(None)
-    nbytes, source = min(found, key=lambda f: f[0])
-    return Budget(nbytes, source, MAX_MEMORY if source == MAX_MEMORY else None)
-
-
-def run_budget(device: torch.device | str, max_memory: str | int | None,
-               loaded_bytes: int) -> Budget:
-    """What a run may still use once its model (`loaded_bytes`) is in memory: the available
-    memory read now (which excludes the loaded model), or a fixed limit (`max_memory`,
-    EVSPARK_MAX_MEMORY, which counts the whole run) less the model."""
-    found = []
-    for nbytes, source in _limits(device) + ([(parse_size(max_memory), MAX_MEMORY)]
-                                             if max_memory is not None else []):
-        fixed = source in (MAX_MEMORY, "EVSPARK_MAX_MEMORY")
-        found.append((max(nbytes - loaded_bytes, 0) if fixed else nbytes,
-                      f"{source} less the model" if fixed else source,
-                      MAX_MEMORY if source == MAX_MEMORY else None))
-    return Budget(*min(found, key=lambda f: f[0])) if found else Budget(None)
+    on_cpu = torch.device(device).type == "cpu"
+    held = process_bytes() if on_cpu else loaded_bytes
+    if on_cpu and max_memory is not None and found[-1][0] <= held:
+        raise SettingError.of(MAX_MEMORY, f"{max_memory}: less than this process already holds "
+                                          f"({gib(held)}: Python, torch and what is loaded)")
+    what = f"the {gib(held)} this process holds" if on_cpu else "the model"
+    budgets = [(max(n - held, 0), f"{source} less {what}") if source in FIXED_LIMITS and held
+               else (n, source) for n, source in found]
+    nbytes, source = min(budgets, key=lambda f: f[0])
+    return Budget(nbytes, source, MAX_MEMORY if source.startswith(MAX_MEMORY) else None)
 
 
 def parse_size(text: str | int, setting: str | None = "max_memory") -> int:

@@ -11,7 +11,7 @@ through. Parameter names follow Evo 2 / vortex checkpoints (``blocks.{i}.filter.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -135,12 +135,15 @@ class StripedHyena(nn.Module):
                        else None)
 
     def prefill(self, ids: Tensor, keep_last: int | None = None, reserve: int = 2048,
-                chunk: int | None = None) -> tuple[Tensor, Tensor, InferenceState]:
+                chunk: int | None = None, on_chunk: Callable[[int], None] | None = None
+                ) -> tuple[Tensor, Tensor, InferenceState]:
         """Run a prompt (B, L) and return (logits, hidden, state).
 
         Long prompts go in chunks of `prefill_chunk()` tokens so memory stays bounded
         (FFT filters per chunk, modal states carried between chunks). `keep_last` keeps only the
         last positions' logits and hidden states; `reserve` preallocates KV rows for decoding.
+        `on_chunk(done)` is told the tokens prefilled so far after each chunk, so that a long
+        prompt's minutes of prefill can show progress (on a GPU: chunks launched, not finished).
         """
         if ids.dim() == 1:
             ids = ids[None]
@@ -155,8 +158,10 @@ class StripedHyena(nn.Module):
             piece = ids[:, s: s + chunk]
             logits, hid, block = self.extend(state, piece)
             state = block.commit(piece.shape[1])
-            if keep_last is not None:
-                logits, hid = logits[:, -keep_last:], hid[:, -keep_last:]
+            if on_chunk is not None:
+                on_chunk(s + piece.shape[1])
+            if keep_last is not None:  # copies: a view would keep every chunk's whole output
+                logits, hid = logits[:, -keep_last:].clone(), hid[:, -keep_last:].clone()
             logit_parts.append(logits)
             hid_parts.append(hid)
         logits = torch.cat(logit_parts, dim=1)

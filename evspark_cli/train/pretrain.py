@@ -17,6 +17,7 @@ from typing import Callable, Collection
 import torch
 import torch.nn.functional as F
 
+from ..cpus import clamp_threads
 from ..errors import InputError, ModelError, SettingError, at_least
 from ..eval.score import score_sequence
 from ..files import atomic_path
@@ -196,8 +197,10 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
         self.log = log
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        # clamped to the CPUs this process may use (a huge count crashes the OpenMP runtime)
+        self.threads = clamp_threads(cfg.threads) if cfg.threads else None
+        if self.threads is not None:
+            torch.set_num_threads(self.threads.count)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model_cfg = ModelConfig.from_dict({**ModelConfig().to_dict(), **cfg.model})
         check_training_fits(self.model_cfg, self.device, max_memory)
@@ -394,14 +397,15 @@ def load_train_config(path: str | Path, steps: int | None = None) -> TrainConfig
     return validate_train_config(TrainConfig(**{**raw, **given}), given)
 
 
-def check_run_outputs(cfg: TrainConfig, export: str | Path | None = None) -> None:
+def check_run_outputs(cfg: TrainConfig, export: str | Path | None = None,
+                      config: str | Path | None = None) -> None:
     """The files a run writes (its checkpoint, log and exported model) must not be one of its
-    FASTA inputs, whatever path leads there."""
+    FASTA inputs nor its `config` file, whatever path leads there."""
     from ..files import Output, check_distinct
 
     out = Path(cfg.out_dir)
     model = Path(export) if export is not None else out / "model"
-    inputs: list[str] = []
+    inputs: list[str] = [] if config is None else [str(config)]
     for path in cfg.train + cfg.valid:
         try:
             inputs += [str(f) for f in fasta_files([path])]
@@ -409,8 +413,8 @@ def check_run_outputs(cfg: TrainConfig, export: str | Path | None = None) -> Non
             continue
     check_distinct(inputs, [Output("out_dir", str(out / "ckpt.pt")),
                             Output("out_dir", str(out / "log.jsonl")),
-                            Output("export", str(model / "config.json")),
-                            Output("export", str(model / "model.safetensors"))])
+                            Output("export", str(model / "config.json"), setting=True),
+                            Output("export", str(model / "model.safetensors"), setting=True)])
 
 
 @dataclass(frozen=True)

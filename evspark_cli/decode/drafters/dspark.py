@@ -435,6 +435,19 @@ def load_drafter(folder: str | Path, target: StripedHyena | None = None, force: 
     return DSparkDrafter(net, folder)
 
 
+def is_drafter_folder(folder: str | Path) -> bool:
+    """Whether `folder`'s config.json is a drafter's ("kind": "dspark"), read without loading
+    anything; False for a folder without one or an unreadable one (its loader says why)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        raw = _read_config(path)
+    except ModelError:
+        return False
+    return isinstance(raw, dict) and raw.get("kind") == "dspark"
+
+
 def _read_config(path: Path) -> object:
     """A drafter's config.json, refused in one line when it is not small, valid JSON."""
     data = read_bounded(path, MAX_CONFIG_BYTES, str(path), "drafter config")

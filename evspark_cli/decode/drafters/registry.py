@@ -24,12 +24,31 @@ def drafter_name(drafter: Drafter | None) -> str:
     return "none" if drafter is None else drafter.name
 
 
+def drafter_dir(model_folder: str | Path | None, seed: int = 0) -> Path | None:
+    """The folder of the distilled drafter of `seed` a model folder holds, if it has one."""
+    if model_folder is None:
+        return None
+    d = Path(model_folder) / "drafters" / f"seed{seed}"
+    return d if (d / "config.json").is_file() else None
+
+
 def bundled_drafter_dir(model: StripedHyena, seed: int = 0) -> Path | None:
     """The folder of the model's distilled drafter of `seed`, if its folder has one."""
-    if model.source_dir is None:
+    return drafter_dir(model.source_dir, seed)
+
+
+def drafter_folder(model_folder: str | Path | None, spec: str | Path | None) -> Path | None:
+    """The folder a drafter `spec` (as `resolve_drafter` takes it) reads, found without loading
+    anything: None for a built-in drafter, native decoding or a spec that is no folder (which
+    `resolve_drafter` refuses)."""
+    if spec is None:
         return None
-    d = Path(model.source_dir) / "drafters" / f"seed{seed}"
-    return d if (d / "config.json").is_file() else None
+    s = str(spec)
+    if s in ("auto", "dspark"):
+        return drafter_dir(model_folder)
+    if s in NAMES:
+        return None
+    return Path(s) if Path(s).is_dir() else None
 
 
 def resolve_drafter(model: StripedHyena, spec: str | Path | Drafter | None, force: bool = False,
