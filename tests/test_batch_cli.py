@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_cli import gen, ok, records_text, split_fasta  # noqa: E402
+from test_cli import gen, ok, plant_prefill_fault, records_text, split_fasta  # noqa: E402
 from tiny import phix_genome, run_cli, trained_tiny_dir  # noqa: E402
 
 TIMING = ("wall_s", "tokens_per_s", "native_wall_s", "native_tokens_per_s", "speedup")
@@ -261,21 +261,13 @@ def test_generate_many_keeps_the_finished_outputs_when_a_job_fails(model, monkey
     """One failing record does not discard the others: GenerationError carries every finished
     output (the same tokens as a run without the failure) and the failure by its index."""
     import evspark_cli as evs
-    from evspark_cli.decode.batch import BatchDecoder
     from evspark_cli.errors import GenerationError
 
     m = evs.load_model(model)
     prompts = {"a": "ACGTTAGCAGGC", "b": "GGGCATTAGC", "c": "TTGACA"}
     kw = dict(samples=2, batch_size=2, max_new_tokens=9, drafter="kmer", gamma=3, seed=4)
     clean = evs.generate_many(m, prompts, **kw)
-    real = BatchDecoder._prefilled
-
-    def faulty(self, job):
-        if job.label.startswith("b"):
-            raise RuntimeError("planted fault")
-        return real(self, job)
-
-    monkeypatch.setattr(BatchDecoder, "_prefilled", faulty)
+    plant_prefill_fault(monkeypatch, "b")
     with pytest.raises(GenerationError, match=r"2 of 6 outputs failed \(the first, output 2: "
                                               r"planted fault\)") as got:
         evs.generate_many(m, prompts, **kw)

@@ -313,6 +313,15 @@ def _patch_prefill(monkeypatch, hook) -> None:
     monkeypatch.setattr(BatchDecoder, "_prefilled", patched)
 
 
+def plant_prefill_fault(monkeypatch, record: str) -> None:
+    """Make the prefill of every record whose id starts with `record` fail ("planted fault")."""
+    def faulty(job) -> None:
+        if job.record.startswith(record):
+            raise RuntimeError("planted fault")
+
+    _patch_prefill(monkeypatch, faulty)
+
+
 def _generated_ids(monkeypatch) -> list[str]:
     """Patch the engine so that the test sees which records a run actually generates."""
     seen: list[str] = []

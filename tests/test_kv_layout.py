@@ -111,3 +111,30 @@ def test_the_estimate_is_what_the_shelves_hold():
         rows += call.rows.tolist() if isinstance(call.rows, torch.Tensor) else \
             list(range(call.rows.start, call.rows.stop))
     assert sorted(rows) == list(range(len(needs)))
+
+
+def test_a_batch_of_rows_of_one_capacity_becomes_dense_without_a_copy():
+    """The dense layout (GPU, graphs) of a new batch whose rows share one capacity is the
+    shelf they were copied into: `reserve` adopts it instead of copying every row again (which
+    held the batch twice at its start); rows of other capacities are still copied."""
+    parts = [(_row_cache(600, 100 + i, i), [0], (100 + i,)) for i in range(3)]
+    cache = KVCache.cat(parts)
+    keys = cache.shelves[0].k
+    cache.reserve(600)
+    assert cache.dense and cache.k is keys and cache.capacity == 600
+    for b, (src, _, (n,)) in enumerate(parts):
+        assert torch.equal(cache.row(b)[0][:, :n], src.row(0)[0][:, :n])
+    mixed = KVCache.cat([(_row_cache(600, 10, 0), [0], (10,)), (_row_cache(2000, 10, 1), [0],
+                                                                 (10,))])
+    assert len(mixed.shelves) == 2  # two size classes
+    mixed.reserve(2000)
+    assert mixed.dense and len(mixed.shelves) == 1 and mixed.capacity == 2000
+
+
+def test_a_class_layout_batch_is_not_the_whole_batch_estimate_twice():
+    """Rows that all need the same positions: the estimate is exactly their bytes (first
+    batch sized exactly, later rows in finished rows' slots), with no growth."""
+    needs = [2141] * 5
+    cache = KVCache.cat([(_row_cache(n, 7, i), [0], (7,)) for i, n in enumerate(needs)])
+    held, growth = class_layout_bytes(needs, cache.bytes_per_position(), uniform=True)
+    assert (held, growth) == (cache.nbytes(), 0)

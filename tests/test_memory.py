@@ -13,6 +13,7 @@ import pytest
 import torch
 from battery import FAST, fasta_file, refused, worked
 from test_engine import CONFIGS
+from tiny import cgroup_tree
 
 from evspark_cli.errors import InputError
 from evspark_cli.model import memory
@@ -138,15 +139,6 @@ def test_a_huge_gamma_reserves_only_what_rounds_use(phix_model: Path, tmp_path: 
 
 
 # ------------------------------------------------------ the process's own memory cgroup
-
-
-def cgroup_tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]:
-    root = tmp_path / "cgroup"
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    (tmp_path / "proc_cgroup").write_text(proc)
-    return tmp_path / "proc_cgroup", root
 
 
 def test_the_memory_limit_of_the_process_own_cgroup_is_read(tmp_path: Path):

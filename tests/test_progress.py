@@ -462,11 +462,16 @@ def evspark_process(args: list, stdout):
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-def test_a_full_disk_on_stdout_is_one_line(tmp_path, model):
+@pytest.mark.parametrize("command", ["generate", "verify", "info"])
+def test_a_full_disk_on_stdout_is_one_line(tmp_path, model, command):
     src = tmp_path / "in.fa"
     src.write_text(">a\nACGTACGTTAGCATGCAAGT\n>b\nTTGACAGCTAGCTCAGTCCT\n")
+    args = {"generate": ["generate", src, "--model", model, "-t", "1", "-n", 4, "-q"],
+            "verify": ["verify", src, "--model", model, "-t", "1", "-n", 4, "--drafter", "kmer",
+                       "-q"],
+            "info": ["info", "--model", model]}[command]
     with open("/dev/full", "wb") as full:
-        p = evspark_process(["generate", src, "--model", model, "-t", "1", "-n", 4, "-q"], full)
+        p = evspark_process(args, full)
         err = p.stderr.read().decode()
         p.wait()
     assert p.returncode == 1, err

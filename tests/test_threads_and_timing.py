@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from battery import fasta_file, record, run_child, show  # noqa: E402
-from tiny import run_cli, trained_tiny_dir  # noqa: E402
+from tiny import cgroup_tree, run_cli, trained_tiny_dir  # noqa: E402
 
 from evspark_cli.cpus import (  # noqa: E402
     CpuLimit,
@@ -24,15 +24,6 @@ from evspark_cli.cpus import (  # noqa: E402
     usable_cpus,
 )
 from evspark_cli.generation.run import COMPARE_PAIRS, PairTiming, RunSummary  # noqa: E402
-
-
-def cgroup_tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]:
-    root = tmp_path / "cgroup"
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    (tmp_path / "proc_cgroup").write_text(proc)
-    return tmp_path / "proc_cgroup", root
 
 
 def test_cgroup_v2_quota_of_the_process_and_its_ancestors(tmp_path):
@@ -339,18 +330,11 @@ def test_the_api_warns_of_a_malformed_variable_once(tmp_path):
 def test_the_summary_and_the_failure_line_count_sequences(tmp_path, model, monkeypatch):
     """A sequence is one sample of a record: the summary says "1 sequence written", and a run
     with samples counts its failed sequences as sequences (with one sample each, records)."""
-    from evspark_cli.decode.batch import BatchDecoder
+    from test_cli import plant_prefill_fault
 
     src = tmp_path / "in.fa"
     src.write_text(">a\nACGTACGTTAGCATGCAAGT\n>b\nGGATTACAGGATTACAGG\n")
-    real = BatchDecoder._prefilled
-
-    def faulty(self, job):
-        if job.record.startswith("b"):
-            raise RuntimeError("planted fault")
-        return real(self, job)
-
-    monkeypatch.setattr(BatchDecoder, "_prefilled", faulty)
+    plant_prefill_fault(monkeypatch, "b")
     base = ["generate", src, "--model", model, "-t", 1, "-n", 4, "--drafter", "kmer", "-q"]
     r = run_cli([*base, "--samples", 2, "-o", tmp_path / "two.fa"])
     assert r.code == 1, r.err

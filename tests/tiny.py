@@ -131,3 +131,14 @@ def shared_trained_tiny(tmp_path_factory) -> Path:
     if not (model_dir / "config.json").is_file():
         trained_tiny_dir(base)
     return model_dir
+
+
+def cgroup_tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]:
+    """A fake cgroup mount (files relative to its root) and a /proc/self/cgroup naming `proc`:
+    (the proc file, the root), for the readers of cgroups.py."""
+    root = tmp_path / "cgroup"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (tmp_path / "proc_cgroup").write_text(proc)
+    return tmp_path / "proc_cgroup", root

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from .app import command, say
-from .common import use_threads
+from .common import out_line, use_threads
 from .options import CompileOpt, MaxMemoryOpt, ModelOpt, QuietOpt, ThreadsOpt
 from .progress import Progress
 
@@ -96,7 +96,7 @@ def bench(
     with Progress("bench", "results", quiet=quiet) as prog:
         res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
                         log=prog.log)
-    print(json.dumps(_summary(res, out), indent=1))
+    out_line(json.dumps(_summary(res, out), indent=1))
     prog.summary(f"evspark: bench: preset {preset}, {len(res['speed'])} speed settings, "
                  f"{time.monotonic() - t0:.1f} s, {used.describe()}; report in {out}")
 

@@ -21,6 +21,14 @@ PROMPT_OPTIONS = {"literal": "--prompt", "regions": "--region", "bed": "--region
 them."""
 
 
+def out_line(text: str) -> None:
+    """A line of a command's data on standard output, written so that a failing stdout (a full
+    disk) is one error line (files.write_stdout), not an internal error."""
+    from ..files import write_stdout
+
+    write_stdout(text + "\n")
+
+
 def warn(message: str) -> None:
     say(f"evspark: warning: {message}")
 

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from .app import command
+from .common import out_line
 from .options import MaxMemoryOpt, ModelOpt
 
 EXAMPLE = """Example: what the bundled target holds, or any converted model, or a drafter:
@@ -46,26 +47,26 @@ def _model_info(model_dir: str | None, max_memory: str | None) -> None:
     st = model.empty_state(1, capacity=1).nbytes()
     pattern = model.layer_kinds()
     counts = {k: pattern.count(k) for k in ("hcs", "hcm", "hcl", "attn")}
-    print(f"model          {cfg.model_name}  ({model.source_dir or ''})")
-    print(f"parameters     {model.num_parameters():,}")
-    print(f"hidden         {cfg.hidden_size}  layers {cfg.num_layers}  heads "
-          f"{cfg.num_attention_heads}  mlp {cfg.mlp_size}")
-    print(f"layer pattern  {' '.join(pattern)}")
-    print(f"blocks         SE {counts['hcs']}  MR {counts['hcm']}  LI {counts['hcl']}  attention "
-          f"{counts['attn']}")
-    print(f"filters        SE {cfg.hcs_filter_length} taps/{cfg.hcs_filter_groups} groups, MR "
-          f"{cfg.hcm_filter_length} taps/{cfg.hcm_filter_groups} groups, LI {cfg.state_size} "
-          "modes")
-    print(f"context        {cfg.max_seqlen:,} tokens (RoPE base {cfg.rotary_emb_base:g}, scale "
-          f"{cfg.rope_scale:g})")
-    print(f"state          {st['fixed']:,} bytes per sequence + {st['kv_per_token']:,} bytes per "
-          "token")
-    print(f"drafter layers {cfg.drafter_layers}")
+    out_line(f"model          {cfg.model_name}  ({model.source_dir or ''})")
+    out_line(f"parameters     {model.num_parameters():,}")
+    out_line(f"hidden         {cfg.hidden_size}  layers {cfg.num_layers}  heads "
+             f"{cfg.num_attention_heads}  mlp {cfg.mlp_size}")
+    out_line(f"layer pattern  {' '.join(pattern)}")
+    out_line(f"blocks         SE {counts['hcs']}  MR {counts['hcm']}  LI {counts['hcl']}  "
+             f"attention {counts['attn']}")
+    out_line(f"filters        SE {cfg.hcs_filter_length} taps/{cfg.hcs_filter_groups} groups, MR "
+             f"{cfg.hcm_filter_length} taps/{cfg.hcm_filter_groups} groups, LI {cfg.state_size} "
+             "modes")
+    out_line(f"context        {cfg.max_seqlen:,} tokens (RoPE base {cfg.rotary_emb_base:g}, scale "
+             f"{cfg.rope_scale:g})")
+    out_line(f"state          {st['fixed']:,} bytes per sequence + {st['kv_per_token']:,} bytes "
+             "per token")
+    out_line(f"drafter layers {cfg.drafter_layers}")
     card = model_card_summary(model.source_dir) if model.source_dir is not None else None
     if card:
         summary = [ln for ln in card.splitlines() if ln.startswith(("- **", "**"))][:8]
         if summary:
-            print("training       " + "\n               ".join(s.strip("- ") for s in summary))
+            out_line("training       " + "\n               ".join(s.strip("- ") for s in summary))
 
 
 def _drafter_info(folder: str, max_memory: str | None) -> None:
@@ -78,22 +79,22 @@ def _drafter_info(folder: str, max_memory: str | None) -> None:
     c = d.cfg
     target = printable(c.target_name) if c.target_name else "unnamed"
     weights = f", weights sha256 {c.target_hash[:12]}..." if c.target_hash else ""
-    print(f"drafter        dspark  ({folder})")
-    print(f"parameters     {sum(p.numel() for p in d.net.parameters()):,}")
-    print(f"net            width {c.width}  layers {c.layers}  heads {c.heads}  mlp ratio "
-          f"{c.mlp_ratio}")
-    print(f"drafts         up to {c.gamma_max} a round (--gamma {c.gamma_max} at most), "
-          f"conditioned on the target's last {c.prefix_len} positions")
-    print(f"target         {target}: hidden {c.target_hidden}, {c.target_layers} conditioning "
-          f"layers, vocabulary {c.vocab_size}{weights}")
+    out_line(f"drafter        dspark  ({folder})")
+    out_line(f"parameters     {sum(p.numel() for p in d.net.parameters()):,}")
+    out_line(f"net            width {c.width}  layers {c.layers}  heads {c.heads}  mlp ratio "
+             f"{c.mlp_ratio}")
+    out_line(f"drafts         up to {c.gamma_max} a round (--gamma {c.gamma_max} at most), "
+             f"conditioned on the target's last {c.prefix_len} positions")
+    out_line(f"target         {target}: hidden {c.target_hidden}, {c.target_layers} conditioning "
+             f"layers, vocabulary {c.vocab_size}{weights}")
     home = _bundled_in(folder)
     model = "TARGET" if home is None else home
     if home is not None:
-        print(f"bundled with   {home}")
-    print(f"use            evspark generate IN.fa --model {model} --drafter {folder}")
+        out_line(f"bundled with   {home}")
+    out_line(f"use            evspark generate IN.fa --model {model} --drafter {folder}")
     if c.training:
         items = [f"{k} {printable(str(v))}" for k, v in c.training.items()]
-        print("training       " + ",\n               ".join(_lines(items, 64)))
+        out_line("training       " + ",\n               ".join(_lines(items, 64)))
 
 
 def _lines(items: list[str], width: int) -> list[str]:

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from .app import command
-from .common import PROMPT_OPTIONS, read_input, use_threads
+from .common import PROMPT_OPTIONS, out_line, read_input, use_threads
 from .options import (
     OUTPUT_PANEL,
     PERFORMANCE_PANEL,
@@ -141,7 +141,7 @@ def verify(
         prog.update(status="")
         result = verify_prompts(model, prompts, d, options, _counter(prog), options.batch_size,
                                 max_memory)
-    print("\n".join(result.table()))
+    out_line("\n".join(result.table()))
     if report:
         write_text_atomic(report, json.dumps({"provenance": provenance(), **result.report()},
                                              indent=1))

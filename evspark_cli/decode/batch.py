@@ -335,6 +335,9 @@ class BatchDecoder:
             return Prefilled(pre.state, pre.anchor, pre.hidden, 0.0)
         self._shared = None  # the previous record's prefill can go before this one is made
         reserve = row_reserve(job.max_new_tokens, self._slots(job))
+        if self.capacity is not None:  # dense: every row at the run's capacity, so that a new
+            # batch's rows lie in one tensor as they are copied (no second copy to widen them)
+            reserve = max(reserve, self.capacity - (len(job.prompt) - 1))
         hook = self.on_prefill
         tell = (lambda done, total: hook(job, done, total)) if hook is not None else None
         pre = prefill_prompt(self.model, job.prompt, reserve=reserve, keep_hidden=self.prefix,

@@ -232,6 +232,10 @@ class KVCache:
                 self.shelves[0].grow(0, cap)
             return
         B = self.batch
+        if self._batch_ordered(cap):  # already one tensor in batch order: no copy
+            shelf = self.shelves[0]
+            shelf.size, self.dense = 0, True
+            return
         dense = Shelf(B, max([cap] + [s.capacity for s in self.shelves]), self.heads,
                       self.head_dim, self.dtype, self.device, 0)
         for b, (shelf, slot) in enumerate(self.at):
@@ -239,6 +243,15 @@ class KVCache:
             dense.v[b, :, : shelf.capacity] = shelf.v[slot]
         dense.rows, dense.used = list(range(B)), B
         self.shelves, self.at, self.dense = [dense], [(dense, b) for b in range(B)], True
+
+    def _batch_ordered(self, cap: int) -> bool:
+        """One shelf of exactly the batch's rows, row b in slot b, with room for `cap`: the
+        dense layout already (a new batch whose rows all share one capacity)."""
+        if len(self.shelves) != 1:
+            return False
+        shelf = self.shelves[0]
+        return (shelf.capacity >= cap and shelf.k.shape[0] == self.batch
+                and all(s is shelf and slot == b for b, (s, slot) in enumerate(self.at)))
 
     # ------------------------------------------------------------------ writes and reads
     def write(self, t0: Lengths, k: Tensor, v: Tensor) -> int:

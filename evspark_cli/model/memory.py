@@ -172,11 +172,10 @@ def run_memory(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dty
     per_row = fixed + per_position * context
     chunk = min(chunk or cfg.prefill_chunk, max(context, 1))
     # beside the rows: the record whose samples are decoding keeps its prefilled state (one
-    # row), which the dense layout also copies once more while it grows to the batch's
-    # capacity; a prompt's prefill holds its chunk's activations and the chunk's per-position
-    # states (a block of `chunk` positions); a round holds its block's
-    prefilled = (1 if needs is not None else 2) * per_row
-    transient = (prefilled + block_bytes(cfg, rows, block) + prefill_bytes(cfg, chunk)
+    # row; the dense layout's at the run's capacity, so a new batch is copied once); a
+    # prompt's prefill holds its chunk's activations and the chunk's per-position states (a
+    # block of `chunk` positions); a round holds its block's
+    transient = (per_row + block_bytes(cfg, rows, block) + prefill_bytes(cfg, chunk)
                  + block_bytes(cfg, 1, chunk) + rope_bytes(cfg, context))
     return RunMemory(params, per_row, transient, fixed, per_position,
                      None if needs is None else tuple(sorted(needs, reverse=True)))
