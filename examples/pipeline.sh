@@ -18,10 +18,17 @@
 # `evspark generate GENOME --region REGION --seed SEED -n N`.
 set -euo pipefail
 
-genome=${1:-examples/prompts.fa}
+usage="usage: examples/pipeline.sh [GENOME.fa[.gz]] [REGION] [OUT.fa.gz] [evspark options...]"
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then echo "$usage"; exit 0; fi
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+genome=${1:-$here/prompts.fa}  # the bundled example prompts, from any folder
 region=${2:-P05:1-100}
 out=${3:-continuation.fa.gz}
 shift $(( $# < 3 ? $# : 3 ))
+if [[ ! -f $genome || ! -r $genome ]]; then
+    echo "pipeline.sh: error: $genome: no such readable file ($usage)" >&2
+    exit 2
+fi
 
 EVSPARK=${EVSPARK:-evspark}
 PYTHON=${PYTHON:-python3}

@@ -54,3 +54,20 @@ def test_generate_groups_its_options_into_panels_with_defaults():
 @pytest.mark.parametrize("command", ["verify", "score", "distill", "bench"])
 def test_threads_short_form(command):
     assert " -t " in help_text(command)
+
+
+def test_bare_evspark_shows_the_help_and_exits_0():
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "evspark_cli.cli"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "Usage:" in r.stdout and "generate" in r.stdout, r.stderr
+    assert "error" not in r.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_flags_are_rendered_as_flags(command):
+    """A flag takes no value, so its help shows none (newer Typers would write `<bool>`); only
+    Typer's own --help line is left as Typer renders it."""
+    lines = [ln for ln in help_text(command).splitlines() if "<bool>" in ln]
+    assert all("--help" in ln for ln in lines), lines

@@ -81,7 +81,7 @@ def test_bed_is_converted_exactly(tmp_path):
     g = fasta(tmp_path / "g.fa", GENOME)
     bed = tmp_path / "r.bed"
     bed.write_text("track name=test\nbrowser position chr1:1-10\n# a comment\n\n"
-                   "chrM\t0\t4\tfirst4\nchr1\t9\t20\nchrM\t10\t14\t.\textra\tcols\n")
+                   "chrM\t0\t4\tfirst4\nchr1\t9\t20\nchrM\t10\t14\t.\t0\t+\textra\n")
     regs = read_bed(str(bed))
     assert [(b.canonical, b.name) for b in regs] == [
         ("chrM:1-4", "first4"), ("chr1:10-20", None), ("chrM:11-14", None)]
@@ -94,6 +94,28 @@ def test_bed_is_converted_exactly(tmp_path):
     same = load_prompts([str(g)], ["chrM:1-4", "chr1:10-20"], index_dir=str(tmp_path / "i"))
     assert [(p.random_key, p.seq) for p in same.prompts] == [(got[0].random_key, got[0].seq),
                                                              (got[1].random_key, got[1].seq)]
+
+
+def test_a_reverse_strand_bed_line_is_the_reverse_complement(tmp_path):
+    """Column 6 `-`: the region's reverse complement (as `bedtools getfasta -s` and `samtools
+    faidx -i` give it), id `chrom:START-END(-)`, beside the same region's forward strand; a
+    --prompt-tail keeps the last bases of the reverse complement (the region's first ones)."""
+    from Bio.Seq import reverse_complement
+
+    g = fasta(tmp_path / "g.fa", GENOME)
+    bed = tmp_path / "s.bed"
+    bed.write_text("chr1\t9\t20\t.\t0\t-\nchr1\t9\t20\t.\t0\t+\nchrM\t0\t14\tmr\t0\t-\n")
+    got = load_prompts([str(g)], bed=str(bed), index_dir=str(tmp_path / "i")).prompts
+    fwd = GENOME["chr1"][9:20]
+    assert [(p.id, p.seq, p.random_key, p.coordinates) for p in got] == [
+        ("chr1:10-20(-)", reverse_complement(fwd), "chr1:10-20(-)", "chr1:10-20(-)"),
+        ("chr1:10-20", fwd, "chr1:10-20", "chr1:10-20"),
+        ("mr", reverse_complement(GENOME["chrM"]), "chrM:1-14(-)", "chrM:1-14(-)")]
+    tail = load_prompts([str(g)], bed=str(bed), prompt_tail=4,
+                        index_dir=str(tmp_path / "i")).prompts
+    assert tail[0].seq == reverse_complement(fwd)[-4:] and tail[0].id == "chr1:10-20(-)"
+    assert tail[0].coordinates == "chr1:10-13(-)"  # the bases it holds
+    assert tail[1].seq == fwd[-4:]
 
 
 @pytest.mark.parametrize("line,needle", [
@@ -118,6 +140,10 @@ def test_bed_is_converted_exactly(tmp_path):
     ("chrM\t0\t4\nchrM\t0\t4\n", r"bad\.bed line 2: region 'chrM:1-4' is given more than once"),
     ("chrM\t0\t4\tx\nchrM\t4\t8\tx\n", r"bad\.bed line 2: name 'x' is also used at "
                                        r"\S*bad\.bed line 1"),
+    ("chrM\t0\t4\tx\t0\tminus\n", r"bad\.bed line 1: strand \(column 6\) must be \+, - or \., "
+                                    r"got 'minus'"),
+    ("chrM\t0\t4\t.\t0\t-\nchrM\t0\t4\t.\t0\t-\n", r"bad\.bed line 2: region 'chrM:1-4' is "
+                                                 r"given more than once"),
 ])
 def test_bad_bed_lines(tmp_path, line, needle):
     bed = tmp_path / "bad.bed"

@@ -142,3 +142,24 @@ def test_pipeline_script_equals_evspark_region(tmp_path, model, extractor, regio
                                                                               "chrB:11-50")
     assert got.startswith(f">{name}.cont evspark ") and "new_tokens=7" in got
     assert f" prompt={name} " in got.splitlines()[0]
+
+
+def test_pipeline_script_checks_its_arguments_from_any_folder(tmp_path):
+    """From another folder: a missing genome is one line and exit 2 (no Python traceback);
+    --help prints the usage; no arguments use the bundled example prompts wherever it runs."""
+    if not shutil.which("bash"):
+        pytest.skip("bash not available")
+    script = str(EXAMPLES / "pipeline.sh")
+    p = subprocess.run(["bash", script, str(tmp_path / "none.fa")], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        f"pipeline.sh: error: {tmp_path / 'none.fa'}: no such readable file (usage: "
+        "examples/pipeline.sh [GENOME.fa[.gz]] [REGION] [OUT.fa.gz] [evspark options...])"]
+    h = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=60)
+    assert h.returncode == 0 and h.stdout.startswith("usage: examples/pipeline.sh")
+    e = env() | {"EVSPARK": EVSPARK_CMD, "PYTHON": sys.executable, "N": "3"}
+    d = subprocess.run(["bash", script, "", "", str(tmp_path / "c.fa.gz"), "--threads", "1"],
+                       capture_output=True, text=True, cwd=tmp_path, env=e, timeout=300)
+    assert d.returncode == 0, d.stderr
+    assert gzip.decompress((tmp_path / "c.fa.gz").read_bytes()).startswith(b">P05:1-100.cont")

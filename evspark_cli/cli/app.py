@@ -194,8 +194,9 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", "-V", callback=_print_version,
-                                       is_eager=True, help="Print the version and exit.")
+def _root(version: bool = typer.Option(False, "--version", "-V", metavar="",
+                                       callback=_print_version, is_eager=True,
+                                       help="Print the version and exit.")
           ) -> None:
     """Lossless speculative decoding for StripedHyena 2 (Evo 2-style) DNA language models."""
 
@@ -212,6 +213,8 @@ def main() -> None:
         fmt = getattr(e, "format_message", None)
         if code is not None and fmt is not None:
             msg = " ".join(str(fmt()).split())
+            if not msg:  # bare `evspark`: the help was shown, which is all that was asked
+                sys.exit(0)
             say(f"evspark: error: {msg}")
             sys.exit(2 if code not in (0, 1) else code or 0)
         if isinstance(e, (EOFError,)):

@@ -21,8 +21,11 @@ PERFORMANCE_PANEL = "Performance"
 
 
 def option(default: Any, *names: str, help: str, panel: str | None = None) -> Any:
-    """A Typer option declaration (one place to add panels or metadata to every option)."""
-    return typer.Option(default, *names, help=help, rich_help_panel=panel)
+    """A Typer option declaration (one place to add panels or metadata to every option). A
+    flag (a bool default) shows no metavar: newer Typers would render `--greedy <bool>`, as if
+    it took a value."""
+    extra = {"metavar": ""} if isinstance(default, bool) else {}
+    return typer.Option(default, *names, help=help, rich_help_panel=panel, **extra)
 
 
 ModelOpt = option(None, "--model", help="Model folder (config.json + model.safetensors). "

@@ -61,8 +61,9 @@ def score(
     dtype: str = DtypeOpt,
     threads: int = ThreadsOpt,
     quiet: bool = QuietOpt,
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from "
-                                "OUTPUT.partial (records already scored there are kept)."),
+    resume: bool = typer.Option(False, "--resume", metavar="", help="Continue an interrupted "
+                                "run from OUTPUT.partial (records already scored there are "
+                                "kept)."),
     iupac: str = IupacOpt,
     max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:

@@ -21,15 +21,15 @@ the same command after an interruption), then export the model:
 def train(
     config: str = typer.Option(..., "--config", help="train_config.json of the run (see "
                                "models/*/MODEL_CARD.md for the bundled recipe)."),
-    resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from RUN/ckpt.pt if "
-                                "present."),
+    resume: bool = typer.Option(True, "--resume/--no-resume", metavar="",
+                                help="Continue from RUN/ckpt.pt if present."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Override the total number of "
                                         "steps (the length of the cosine schedule)."),
     stop_at: Optional[int] = typer.Option(None, "--stop-at", help="Checkpoint and stop at this "
                                           "step (to replay a run whose budget changed on the "
                                           "way)."),
-    export_only: bool = typer.Option(False, "--export-only", help="Only export the last "
-                                     "checkpoint as a model folder."),
+    export_only: bool = typer.Option(False, "--export-only", metavar="", help="Only export the "
+                                     "last checkpoint as a model folder."),
     export: Optional[str] = typer.Option(None, "--export", help="Model folder to export to "
                                          "(default RUN/model)."),
     quiet: bool = QuietOpt,

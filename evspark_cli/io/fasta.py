@@ -239,14 +239,17 @@ def _read_regions(
     inputs: list[str], regions: list[str], tail: int | None, index_dir: str | None,
     iupac: str = "keep", cap: LengthCap | None = None,
     labels: Sequence[str | None] | None = None, only: tuple[int, int] | None = None,
+    strands: Sequence[str] | None = None,
 ) -> list[Prompt]:
     """Extract the regions, in the order given, looking each record up across all inputs; with
     a tail, only the tail of each region is fetched. `labels[i]`, when not None, names region
     i in messages instead of `region 'TEXT'` (a BED file's line). Regions outside the shard
-    `only` are checked but not held (`read_prompts`)."""
+    `only` are checked but not held (`read_prompts`). `strands[i]` ("+"/"-") tells a region
+    and its reverse complement apart, which may both be asked for (io/regions.py)."""
     texts = list(regions)
     names = list(labels or [])
     names += [None] * (len(texts) - len(names))
+    sides = list(strands or []) + ["+"] * (len(texts) - len(strands or []))
     for t in texts:
         if not isinstance(t, str) or not t or any(c.isspace() for c in t):
             raise fail(f"malformed region {t!r}: expected ID, ID:START-END or ID:START "
@@ -262,8 +265,8 @@ def _read_regions(
                 _record_dup(rid, path, seen)
                 owner[rid] = src
         prompts: list[Prompt] = []
-        given: set[str] = set()
-        for index, (text, label) in enumerate(zip(texts, names)):
+        given: set[tuple[str, str]] = set()
+        for index, (text, label, side) in enumerate(zip(texts, names, sides)):
             called = label or f"region {text!r}"
             ours = in_shard(index, only)
             region = resolve_region(text, owner.__contains__)
@@ -288,10 +291,10 @@ def _read_regions(
                         f"{region.name!r} ({length} bp) in {src.path}"
                     )
                 rid = f"{region.name}:{start}-{end}"
-            if rid in given:
+            if (rid, side) in given:
                 where = f"{label}: " if label else ""
                 raise fail(f"{where}region {rid!r} is given more than once")
-            given.add(rid)
+            given.add((rid, side))
             what = f"record {region.name!r} in {src.path}"
             if rid != region.name:
                 what += f" (region {rid})"
@@ -341,6 +344,7 @@ def read_prompts(
     keep_empty: bool = False,
     region_labels: Sequence[str | None] | None = None,
     only: str | tuple[int, int] | None = None,
+    region_strands: Sequence[str] | None = None,
 ) -> list[Prompt]:
     """Read, validate and upper-case every record of every input (or only `regions`).
 
@@ -365,7 +369,7 @@ def read_prompts(
     if regions:
         index = None if index_dir is None else os.fspath(index_dir)
         return select_shard(_read_regions(inputs, list(regions), tail, index, iupac, cap,
-                                          region_labels, only_t), shard_t)
+                                          region_labels, only_t, region_strands), shard_t)
     prompts: list[Prompt] = []
     seen: dict[str, str] = {}
     for path in inputs:

@@ -77,11 +77,13 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
         raise SettingError("no input: give FASTA files (or '-' for stdin), or {0} SEQUENCE",
                            "literal")
     beds = read_bed(bed) if bed is not None else []
-    wanted = list(regions or []) + [b.region for b in beds]
+    wanted = list(regions or []) + [b.to_read(prompt_tail) for b in beds]
     if wanted:
         labels = [None] * (len(wanted) - len(beds)) + [b.where for b in beds]
         got = read_prompts(inputs, wanted, prompt_tail, index_dir=index_dir, iupac=iupac,
-                           cap=cap, region_labels=labels, only=shard)
+                           cap=cap, region_labels=labels, only=shard,
+                           region_strands=["+"] * (len(wanted) - len(beds))
+                           + [b.strand for b in beds])
         n_plain = len(wanted) - len(beds)
         got = got[:n_plain] + name_bed_prompts(got[n_plain:], beds)
         _unique(got)

@@ -17,7 +17,9 @@ column, when present (and not "."), becomes the prompt's id; the random key stay
 (`Prompt.key`), so a named BED line continues exactly like the same `--region`. Header lines are
 those starting with `#` or whose first word is exactly `track` or `browser` (a contig named
 `track1` is a region); coordinates are plain decimal digits (no sign, spaces, commas, `_` or
-exponent), and an error names the file and line (`regions.bed line 3: ...`).
+exponent), and an error names the file and line (`regions.bed line 3: ...`). A sixth column
+`-` (strand) makes the prompt the region's reverse complement, id `chrom:START-END(-)`, as
+`bedtools getfasta -s` and `samtools faidx -i` give it; `+` and `.` read the forward strand.
 """
 from __future__ import annotations
 
@@ -50,9 +52,20 @@ class BedRegion:
     """One BED line: the region as a samtools string (1-based, inclusive) and its name."""
 
     region: str  # "{chrom}:START-END": braces keep a chrom with ':' in it one name
-    canonical: str  # "chrom:START-END", the prompt's random key
+    canonical: str  # "chrom:START-END" ("...(-)" on the reverse strand), the prompt's key
     name: str | None
     where: str  # "file.bed line 12", for messages
+    chrom: str = ""
+    start: int = 0  # 1-based, inclusive
+    end: int = 0
+    strand: str = "+"  # "-": the prompt is the region's reverse complement ("." reads as +)
+
+    def to_read(self, tail: int | None) -> str:
+        """The region whose bases make the prompt: on the reverse strand a tail of N bases is
+        the reverse complement of the region's first N."""
+        if self.strand != "-" or tail is None or self.end - self.start + 1 <= tail:
+            return self.region
+        return f"{{{self.chrom}}}:{self.start}-{self.start + tail - 1}"
 
 
 def _fail(message: str) -> InputError:
@@ -207,21 +220,34 @@ def read_bed(path: str) -> list[BedRegion]:
         name = cols[3].strip() if len(cols) > 3 else ""
         if name and any(c.isspace() for c in name):
             raise _fail(f"{where}: name {name!r} has whitespace (it becomes a FASTA id)")
-        out.append(BedRegion(f"{{{chrom}}}:{start0 + 1}-{end}", f"{chrom}:{start0 + 1}-{end}",
-                             name if name and name != "." else None, where))
+        strand = cols[5].strip() if len(cols) > 5 else "+"
+        if strand not in ("+", "-", "."):
+            raise _fail(f"{where}: strand (column 6) must be +, - or ., got {strand!r}")
+        strand = "-" if strand == "-" else "+"
+        canonical = f"{chrom}:{start0 + 1}-{end}" + ("(-)" if strand == "-" else "")
+        out.append(BedRegion(f"{{{chrom}}}:{start0 + 1}-{end}", canonical,
+                             name if name and name != "." else None, where, chrom, start0 + 1,
+                             end, strand))
     if not out:
         raise _fail(f"{path}: no regions (only blank, comment, track or browser lines)")
     return out
 
 
 def name_bed_prompts(prompts: list[Prompt], beds: list[BedRegion]) -> list[Prompt]:
-    """Prompts read through `beds`' regions, renamed by the BED name column where there is
-    one; the random key stays the region."""
+    """Prompts read through `beds`' regions (`BedRegion.to_read`): a reverse-strand line's
+    bases reverse-complemented (as `bedtools getfasta -s` and `samtools faidx -i` give them)
+    with id `chrom:START-END(-)`; then renamed by the BED name column where there is one, the
+    random key staying the region."""
     from dataclasses import replace
+
+    from Bio.Seq import reverse_complement
 
     seen: dict[str, str] = {}
     out: list[Prompt] = []
     for p, b in zip(prompts, beds):
+        if b.strand == "-":
+            span = p.span or (b.chrom, b.start, b.end)
+            p = replace(p, id=b.canonical, seq=reverse_complement(p.seq), span=span, strand="-")
         if b.name is None:
             out.append(p)
             continue

@@ -26,6 +26,7 @@ class Prompt:
     span: tuple[str, int, int] | None = None  # (record, start, end), 1-based inclusive, when
     #                                           `seq` is not the whole record `id`
     soft_masked: bool = False  # the input had lower-case bases (upper-cased here)
+    strand: str = "+"  # "-": `seq` is the reverse complement of the bases at `span`
 
     @property
     def random_key(self) -> str:
@@ -33,8 +34,10 @@ class Prompt:
 
     @property
     def coordinates(self) -> str:
-        """Where the prompt's bases are: `ID` for a whole record, else `RECORD:START-END`."""
-        return f"{self.span[0]}:{self.span[1]}-{self.span[2]}" if self.span else self.id
+        """Where the prompt's bases are: `ID` for a whole record, else `RECORD:START-END`,
+        with `(-)` for the reverse strand."""
+        where = f"{self.span[0]}:{self.span[1]}-{self.span[2]}" if self.span else self.id
+        return where + ("(-)" if self.strand == "-" else "")
 
 
 @dataclass(frozen=True)
