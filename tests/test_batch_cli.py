@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_cli import gen, ok, plant_prefill_fault, records_text, split_fasta  # noqa: E402
-from tiny import phix_genome, run_cli, trained_tiny_dir  # noqa: E402
+from tiny import at_round, phix_genome, run_cli, trained_tiny_dir  # noqa: E402
 
 TIMING = ("wall_s", "tokens_per_s", "native_wall_s", "native_tokens_per_s", "speedup")
 BATCH = ("verified_positions", "efficiency")  # a block is as long as its round's longest draft
@@ -81,26 +81,17 @@ def test_interrupted_batched_run_resumes_to_the_uninterrupted_file(tmp_path, mod
     """An interrupt in the middle of a batched run keeps every finished record (those that
     finished out of input order too); --resume redoes only the rest and the final file equals
     an uninterrupted run byte for byte."""
-    from evspark_cli.decode.batch import BatchDecoder
 
     opts = ["-n", 30, "--samples", 2, "--seed", 3, "--batch-size", 4]
     ref = tmp_path / "ref.fa"
     ok(gen(model, src, "-o", ref, *opts))
     out = tmp_path / "out.fa"
-    real, rounds = BatchDecoder._round, []
-
-    def interrupt(self):
-        rounds.append(1)
-        if len(rounds) == 12:
-            raise KeyboardInterrupt
-        return real(self)
-
-    monkeypatch.setattr(BatchDecoder, "_round", interrupt)
+    restore = at_round(monkeypatch, 12)
     r = run_cli(gen(model, src, "-o", out, *opts))
     assert r.code == 130 and "Traceback" not in r.err
     done = list(split_fasta(Path(f"{out}.partial").read_text()))
     assert 0 < len(done) < 14
-    monkeypatch.setattr(BatchDecoder, "_round", real)
+    restore()
     ok(gen(model, src, "-o", out, "--resume", *opts))
     assert out.read_bytes() == ref.read_bytes()
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from battery import FAST, FASTA, child_env, fasta_file, record, refused, shorten, show, worked
-from tiny import run_cli
+from tiny import at_round, run_cli
 
 
 def _half_done(phix_model: Path, d: Path, *opts) -> Path:
@@ -126,17 +126,8 @@ def test_an_interrupt_names_only_partials_that_exist(phix_model: Path, tmp_path:
     assert r.code == 130 and r.err.strip() == "evspark: interrupted"
     assert not list(tmp_path.glob("out.fa*"))
 
-    from evspark_cli.decode.batch import BatchDecoder
 
-    real, calls = BatchDecoder._round, []
-
-    def later(self):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(self)
-
-    monkeypatch.setattr(BatchDecoder, "_round", later)
+    at_round(monkeypatch, 2)
     r = run_cli(args)
     assert r.code == 130
     assert r.err.strip() == (f"evspark: interrupted; finished records are kept in "
@@ -160,21 +151,12 @@ def test_sigterm_keeps_finished_records_like_ctrl_c(phix_model: Path, tmp_path: 
     """In this process: the second decoding round gets SIGTERM; the run flushes what is
     finished, names --resume in one line, exits 143 and leaves SIGTERM as it found it; the
     resumed run gives the uninterrupted file."""
-    from evspark_cli.decode.batch import BatchDecoder
 
     src = fasta_file(tmp_path, text=MANY)
     opts = [*FAST, "-n", 6, "--seed", 3, "-b", 1]
     ref = run_cli(["generate", src, "--model", phix_model, *opts]).out
     out = tmp_path / "out.fa"
-    real, calls = BatchDecoder._round, []
-
-    def later(self):
-        calls.append(1)
-        if len(calls) == 8:
-            _sigterm_here()
-        return real(self)
-
-    monkeypatch.setattr(BatchDecoder, "_round", later)
+    restore = at_round(monkeypatch, 8, _sigterm_here)
     args = ["generate", src, "--model", phix_model, *opts, "-o", out]
     r = run_cli(args)
     record("hostile", "SIGTERM mid-run (generate)", show(args, tmp_path, MODEL=phix_model),
@@ -184,7 +166,7 @@ def test_sigterm_keeps_finished_records_like_ctrl_c(phix_model: Path, tmp_path: 
                              f"{tmp_path / 'out.fa.partial'} (rerun with --resume)")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert not out.exists() and (tmp_path / "out.fa.partial").read_text().count(">") >= 1
-    monkeypatch.setattr(BatchDecoder, "_round", real)
+    restore()
     worked("--resume after SIGTERM", [*args, "--resume"], tmp_path,
            "the final file equals an uninterrupted run", MODEL=phix_model)
     assert out.read_text() == ref
@@ -306,20 +288,11 @@ def test_an_interrupted_stdout_run_says_to_delete_its_stats_partial(phix_model: 
     """The FASTA went to standard output, so there is nothing --resume could continue: the
     interrupt line says to delete the stats `.partial`, a plain rerun is refused saying the
     same (never --resume), and once it is deleted the rerun works."""
-    from evspark_cli.decode.batch import BatchDecoder
 
     src = fasta_file(tmp_path, text=MANY)
     stats = tmp_path / "s.tsv"
     args = ["generate", src, "--model", phix_model, *FAST, "-n", 6, "-b", 1, "--stats", stats]
-    real, calls = BatchDecoder._round, []
-
-    def later(self):
-        calls.append(1)
-        if len(calls) == 8:
-            raise KeyboardInterrupt
-        return real(self)
-
-    monkeypatch.setattr(BatchDecoder, "_round", later)
+    restore = at_round(monkeypatch, 8)
     r = run_cli(args)
     kept = tmp_path / "s.tsv.partial"
     record("hostile", "Ctrl-C of a run to stdout with --stats", show(args, tmp_path,
@@ -328,7 +301,7 @@ def test_an_interrupted_stdout_run_says_to_delete_its_stats_partial(phix_model: 
     assert r.err.strip() == (f"evspark: interrupted; finished records are kept in {kept}, but a "
                              "run writing to standard output cannot be resumed: delete it "
                              "before a rerun")
-    monkeypatch.setattr(BatchDecoder, "_round", real)
+    restore()
     rows = kept.read_text()
     refused("rerun to stdout onto a stats .partial", args, 2,
             r"s\.tsv\.partial exists \(left by an interrupted run\); a run writing to standard "

@@ -142,3 +142,23 @@ def cgroup_tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path,
         (root / rel).write_text(text)
     (tmp_path / "proc_cgroup").write_text(proc)
     return tmp_path / "proc_cgroup", root
+
+
+def at_round(monkeypatch, n: int, act=None):
+    """Make the batched decoder's n-th round run `act()` first (default: raise
+    KeyboardInterrupt, a Ctrl-C mid-run); returns what puts the real round back."""
+    from evspark_cli.decode.batch import BatchDecoder
+
+    real, calls = BatchDecoder._round, []
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    def patched(self):
+        calls.append(1)
+        if len(calls) == n:
+            (act or interrupt)()
+        return real(self)
+
+    monkeypatch.setattr(BatchDecoder, "_round", patched)
+    return lambda: monkeypatch.setattr(BatchDecoder, "_round", real)
