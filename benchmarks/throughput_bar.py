@@ -39,6 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("EVSPARK_SHARED", ROOT.parent / "shared"))
 
 
+def _shared_or_examples(*parts: str) -> Path:
+    """A file of the shared data folder when there is one, else the bundled example prompts."""
+    path = SHARED.joinpath(*parts)
+    return path if path.is_file() else ROOT / "examples" / "prompts.fa"
+
+
 def git(*args: str, cwd: Path = ROOT) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -247,8 +253,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
-    ap.add_argument("--prompts", default=str(SHARED / "data" / "prompts.fa"))
-    ap.add_argument("--genome", default=str(SHARED / "data" / "valid" / "ecoli_536.fa.gz"))
+    ap.add_argument("--prompts", default=str(_shared_or_examples("data", "prompts.fa")),
+                    help="default: the shared 48-prompt suite, else the example prompts")
+    ap.add_argument("--genome", default=str(_shared_or_examples("data", "valid",
+                                                                "ecoli_536.fa.gz")),
+                    help="long prompts are cut from it (default: E. coli 536 from the shared "
+                    "folder, else the example prompts)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--records", type=int, default=48)
     ap.add_argument("--samples", type=int, default=8)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from . import defaults
 from .cpus import Threads, clamp_threads
 from .decode.drafters.base import Drafter
 from .decode.drafters.registry import resolve_drafter
@@ -70,13 +71,15 @@ def _run(model: StripedHyena, records: list[Record], options: DecodeOptions,
     return outs  # type: ignore[return-value]  # no job failed: every output is there
 
 
-def generate(model: StripedHyena, prompt: str | Sequence[int], max_new_tokens: int = 64,
-             drafter: str | Path | Drafter | None = "auto", gamma: int = 12,
-             temperature: float = 1.0, top_k: int = 4, top_p: float = 1.0, seed: int = 0,
-             rollback: str = "slice", record: int = 0, sample: int = 0,
+def generate(model: StripedHyena, prompt: str | Sequence[int],
+             max_new_tokens: int = defaults.MAX_NEW_TOKENS,
+             drafter: str | Path | Drafter | None = defaults.DRAFTER, gamma: int = defaults.GAMMA,
+             temperature: float = defaults.TEMPERATURE, top_k: int = defaults.TOP_K,
+             top_p: float = defaults.TOP_P, seed: int = defaults.SEED,
+             rollback: str = defaults.ROLLBACK, record: int = 0, sample: int = 0,
              record_id: str = "prompt", compare_native: bool = False,
-             force_drafter: bool = False, rule: str = "residual",
-             draft_length: str = "fixed") -> GenerateOutput:
+             force_drafter: bool = False, rule: str = defaults.RULE,
+             draft_length: str = defaults.DRAFT_LENGTH) -> GenerateOutput:
     """Continue `prompt` by `max_new_tokens` tokens; lossless whatever the drafter. `prompt`
     is checked as the command line checks `--prompt`: IUPAC letters in any case, upper-cased
     (U read as T, ambiguity codes kept), or a sequence of integer token ids; anything else is
@@ -96,13 +99,15 @@ def generate(model: StripedHyena, prompt: str | Sequence[int], max_new_tokens: i
 
 def generate_many(model: StripedHyena,
                   prompts: Sequence[str | Sequence[int]] | Mapping[str, str | Sequence[int]],
-                  samples: int = 1, batch_size: int | None = None, max_new_tokens: int = 64,
-                  drafter: str | Path | Drafter | None = "auto", gamma: int = 12,
-                  temperature: float = 1.0, top_k: int = 4, top_p: float = 1.0, seed: int = 0,
-                  rollback: str = "slice", force_drafter: bool = False,
-                  max_memory: str | int | None = None,
+                  samples: int = defaults.SAMPLES, batch_size: int | None = None,
+                  max_new_tokens: int = defaults.MAX_NEW_TOKENS,
+                  drafter: str | Path | Drafter | None = defaults.DRAFTER,
+                  gamma: int = defaults.GAMMA, temperature: float = defaults.TEMPERATURE,
+                  top_k: int = defaults.TOP_K, top_p: float = defaults.TOP_P,
+                  seed: int = defaults.SEED, rollback: str = defaults.ROLLBACK,
+                  force_drafter: bool = False, max_memory: str | int | None = None,
                   on_round: Callable[[RoundReport], None] | None = None,
-                  rule: str = "residual", draft_length: str = "fixed"
+                  rule: str = defaults.RULE, draft_length: str = defaults.DRAFT_LENGTH
                   ) -> list[GenerateOutput]:
     """Continue every prompt `samples` times, `batch_size` rows at a time (None: the device's
     default, fewer if memory is short): one output per (prompt, sample), in input order.

@@ -9,9 +9,7 @@ from typing import Callable
 import battery  # noqa: E402  (tests/ is on sys.path: pytest's rootdir conftest)
 import pytest
 import torch
-from tiny import SHARED, random_tiny_dir, shared_trained_tiny, trained_tiny_dir  # noqa: E402
-
-ORACLE_DIR = SHARED / "oracle"
+from tiny import ORACLE, random_tiny_dir, shared_trained_tiny, trained_tiny_dir  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -35,11 +33,11 @@ def _one_torch_thread():
 
 @pytest.fixture(scope="session")
 def oracle_dir() -> Path:
-    """The tiny vtx oracle (weights, config, reference tensors); a missing oracle is a failure."""
-    if not (ORACLE_DIR / "tiny_vtx_reference_tensors.safetensors").is_file():
-        pytest.fail(f"oracle files not found in {ORACLE_DIR} "
-                    "(set EVSPARK_SHARED to the shared/ folder)")
-    return ORACLE_DIR
+    """The tiny vtx oracle (weights, config, reference tensors) in tests/fixtures; a missing
+    oracle is a failure."""
+    if not (ORACLE / "tiny_vtx_reference_tensors.safetensors").is_file():
+        pytest.fail(f"oracle files not found in {ORACLE}")
+    return ORACLE
 
 
 def randomize_model(model, seed: int = 0):

@@ -18,8 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_cli import gen, ok, plant_prefill_fault, records_text, split_fasta  # noqa: E402
 from tiny import at_round, phix_genome, run_cli, trained_tiny_dir  # noqa: E402
 
-TIMING = ("wall_s", "tokens_per_s", "native_wall_s", "native_tokens_per_s", "speedup")
-BATCH = ("verified_positions", "efficiency")  # a block is as long as its round's longest draft
+TIMING = ("wall_s", "tokens_per_s", "native_wall_s", "native_tokens_per_s", "speedup",
+          "decode_s", "prefill_s")
+BATCH = ("verified_positions", "efficiency", "batch")  # a block spans its round's longest draft
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +69,11 @@ def test_batch_size_does_not_change_the_output(tmp_path, model, src, extra):
 
 def test_shards_of_a_batched_run_recombine(tmp_path, model, src):
     whole = ok(gen(model, src, "-n", 9, "--samples", 2, "--batch-size", 5)).out
-    parts = [ok(gen(model, src, "-n", 9, "--samples", 2, "--batch-size", 3, "--shard",
-                    f"{i}/3")).out for i in (1, 2, 3)]
-    records = {}
-    for p in parts:
-        records.update(split_fasta(p))
-    assert "".join(records[k] for k in split_fasta(whole)) == whole
+    parts = [tmp_path / f"part{i}.fa" for i in (1, 2, 3)]
+    for i, part in enumerate(parts, 1):
+        ok(gen(model, src, "-n", 9, "--samples", 2, "--batch-size", 3, "--shard", f"{i}/3",
+               "-o", part))
+    assert ok(["merge", *parts, "-q"]).out == whole
 
 
 def test_interrupted_batched_run_resumes_to_the_uninterrupted_file(tmp_path, model, src,

@@ -75,7 +75,7 @@ def bench_run(model_dir, tmp_path_factory):
         mp.undo()
     assert code == 0, err
     assert err.splitlines()[-1].startswith("evspark: bench: preset quick, "), err
-    assert re.match(r"evspark \[[\d: -]+\] bench: speed ", err), err  # timestamped progress
+    assert re.match(r"evspark \[[\d: -]+\] bench: timing: ", err), err  # timestamped progress
     return out, json.loads(stdout), json.loads((out / "results.json").read_text()), err
 
 
@@ -97,6 +97,11 @@ def test_results_json_has_every_section(bench_run, model_dir):
     assert res["machine"]["torch_threads"] == 1 and res["model"] == "tiny-test"
     assert stdout["out"] == str(out) and set(stdout["pooled_speedup"]) == SPEED_KEYS
     assert "speed greedy" in log and "tvd" in log  # progress went to stderr
+    timing = res["timing"]  # the noise every speedup carries, and whether it is too much
+    assert len(timing["native_repeats_s"]) == 3 and timing["spread"] >= 0
+    assert timing["reliable"] == (timing["spread"] <= timing["limit"])
+    assert stdout["timing_reliable"] == timing["reliable"]
+    assert ("timings UNRELIABLE" in log) == (not timing["reliable"])
 
     # speed: every drafter x mode x rollback, pooled = total native / total speculative
     assert set(res["speed"]) == SPEED_KEYS
@@ -239,6 +244,24 @@ def test_bench_reports_the_prompts_it_ran(phix_model: Path, tmp_path: Path):
            re.search(r"\d+ prompts? x", report)[0] + " in report.md")
     assert "1 prompts x" in report or "1 prompt x" in report
     assert json.loads((out / "results.json").read_text())["config"]["n_prompts"] == 1
+
+
+def test_bench_warns_when_its_timings_are_unreliable(phix_model, tmp_path, monkeypatch):
+    """Native passes of one prompt that differ by more than 20 % (a busy machine) make bench
+    say so, as generate --compare-native does, in its log and its report."""
+    from evspark_cli.eval import bench as bench_mod
+
+    noisy = {"native_repeats_s": [1.0, 1.1, 1.6], "spread": 0.55, "reliable": False,
+             "limit": 0.2}
+    monkeypatch.setattr(bench_mod, "timing_check", lambda *a: noisy)
+    one = fasta_file(tmp_path, "one.fa", ">p1\n" + "ACGTTGCA" * 8 + "\n")
+    out = tmp_path / "bench"
+    r = run_cli(["bench", "--model", phix_model, "--prompts", one, "-o", out, *FAST, "-n", 4,
+                 "--seeds", "0", "--baselines", "kmer", "--rollbacks", "slice", "--skip",
+                 "tvd,gamma,context,depth,throughput,mixed"])
+    assert r.code == 0, r.err
+    assert "evspark: warning: timings UNRELIABLE: 3 native passes" in r.err
+    assert "**UNRELIABLE**" in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize("opt", [["-n", "0"], ["--n-prompts", "0"], ["-g", "0"],

@@ -29,7 +29,7 @@ from battery import (
 )
 from battery import refused as cli_refused
 from safetensors.torch import load_file, save_file
-from tiny import SHARED, one_line_error, run_cli
+from tiny import ORACLE, one_line_error, run_cli
 
 from evspark_cli.errors import ModelError
 from evspark_cli.model.checkpoint import (
@@ -43,7 +43,6 @@ from evspark_cli.model.checkpoint import (
 from evspark_cli.model.config import ModelConfig
 
 torch.set_num_threads(1)
-ORACLE = SHARED / "oracle"
 
 
 def tiny_cfg(**kw) -> ModelConfig:

@@ -52,11 +52,9 @@ from battery import (  # noqa: E402
     w,
     worked,
 )
-from tiny import SHARED, run_cli  # noqa: E402
+from tiny import PHIX, SHARED, needs_shared, run_cli  # noqa: E402
 
 DATA = SHARED / "data"
-PHIX = DATA / "valid" / "phiX174.fa.gz"
-needs_data = pytest.mark.skipif(not PHIX.exists(), reason="shared data not available")
 
 TEXT = ">rec1 first record\nacgtACGTNN\nACGTRY\n\n>rec2\nGGGG CCCC\nTTTT\n>rec3 third\nA\n"
 EXPECTED = {"rec1": "ACGTACGTNNACGTRY", "rec2": "GGGGCCCCTTTT", "rec3": "A"}
@@ -412,20 +410,20 @@ def test_regions_whitespace_inside_lines_fall_back(tmp_path: Path) -> None:
     assert out[0].seq == "GTAC"
 
 
-@needs_data
+@needs_shared("data", "valid", "phiX174.fa.gz")
 def test_shared_phix_index_cache(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    before = sorted(os.listdir(PHIX.parent))
-    whole = read_prompts([str(PHIX)])
+    cache, phix = tmp_path / "cache", DATA / "valid" / "phiX174.fa.gz"
+    before = sorted(os.listdir(phix.parent))
+    whole = read_prompts([str(phix)])
     assert len(whole) == 1 and len(whole[0].seq) == 5386 and set(whole[0].seq) <= set("ACGT")
-    out = read_prompts([str(PHIX)], regions=["NC_001422.1:1-60", "NC_001422.1:5,327-5,386"],
+    out = read_prompts([str(phix)], regions=["NC_001422.1:1-60", "NC_001422.1:5,327-5,386"],
                        index_dir=str(cache))
     assert [p.seq for p in out] == [whole[0].seq[:60], whole[0].seq[-60:]]
-    assert sorted(os.listdir(PHIX.parent)) == before  # read-only shared folder untouched
+    assert sorted(os.listdir(phix.parent)) == before  # read-only shared folder untouched
     assert any(n.endswith(".gzi") for n in os.listdir(cache))
 
 
-@needs_data
+@needs_shared("data", "prompts.tsv")
 def test_shared_prompts_match_tsv(tmp_path: Path) -> None:
     with open(DATA / "prompts.tsv", newline="") as fh:
         rows = list(csv.DictReader(fh, delimiter="\t"))
@@ -563,8 +561,6 @@ def test_path_objects_accepted(tmp_path: Path) -> None:
 
 
 def test_copy_of_phix_in_writable_folder_gets_no_neighbour_index(tmp_path: Path) -> None:
-    if not PHIX.exists():
-        pytest.skip("shared data not available")
     f = tmp_path / "phix.fa.gz"
     shutil.copy(PHIX, f)
     read_prompts([str(f)], regions=["NC_001422.1:10-20"], index_dir=str(tmp_path / "c"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import PHIX, ROOT, SHARED, one_line_error, run_cli, tiny_config
+from tiny import FIXTURES, PHIX, ROOT, one_line_error, run_cli, tiny_config
 
 from evspark_cli.bundled import default_model_dir
 from evspark_cli.model.checkpoint import load_model
@@ -97,10 +97,9 @@ def test_bundled_target_loads_and_scores_dna():
     pattern = m.layer_kinds()
     for kind in ("hcs", "hcm", "hcl", "attn"):
         assert pattern.count(kind) >= 2
-    window = SHARED / "data" / "valid" / "ecoli_536.fa.gz"
+    window = FIXTURES / "ecoli_536_window.fa.gz"  # NC_008253.1:100001-104096
     r = subprocess.run([sys.executable, "-m", "evspark_cli.cli", "score", str(window),
-                        "--region", "NC_008253.1:100001-104096", "--context", "2048", "--window",
-                        "2048",
+                        "--context", "2048", "--window", "2048",
                         "--threads", "1", "--quiet"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     row = r.stdout.strip().splitlines()[1].split("\t")

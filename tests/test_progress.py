@@ -13,8 +13,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import run_cli, trained_tiny_dir  # noqa: E402
 
+from evspark_cli.cli.formats import fmt_duration  # noqa: E402
 from evspark_cli.cli.meter import GenerationMeter  # noqa: E402
-from evspark_cli.cli.progress import Progress, fmt_duration  # noqa: E402
+from evspark_cli.cli.progress import Progress  # noqa: E402
 
 LINE = re.compile(r"^evspark \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (\w+): ")
 
@@ -336,7 +337,8 @@ def test_generate_log_has_timestamped_progress_and_the_summary(tmp_path, model):
     assert "48/48 tokens (100%)" in progress[-1] and "4/4 sequences" in progress[-1]
     summary = lines[-1]
     assert re.fullmatch(r"evspark: generate: 2 records x 2 samples, 4 sequences written, "
-                        r"48 tokens in \d+\.\d s, [\d,]+ tokens/s decoding, mean tau \d+\.\d\d, "
+                        r"48 tokens in \d+\.\d s \(prefill \d+\.\d s\), [\d,]+ tokens/s "
+                        r"decoding, mean tau \d+\.\d\d, "
                         r"1 thread \(--threads\), batch 4", summary), summary
 
     q = run_cli(["generate", src, "--model", model, "-t", "1", "-n", 4, "-q"])
@@ -489,3 +491,62 @@ def test_a_reader_that_goes_away_is_quiet(tmp_path, model):
     err = p.stderr.read().decode()
     p.wait()
     assert p.returncode == 141 and err == "", err
+
+
+def test_a_log_gets_a_line_every_interval_while_no_update_comes():
+    """The heartbeat: a long prefill chunk (here: a sleep) sends no update, the log still gets
+    its line every `interval` seconds, saying what the last update said."""
+    import time
+
+    buf = io.StringIO()
+    with Progress("generate", "tokens", total=10, stream=buf, tty=False, interval=0.3) as prog:
+        prog.update(0, status="prefill chr1: 2,048 of 200,000 bases")
+        time.sleep(1.4)
+    lines = [ln for ln in buf.getvalue().splitlines() if LINE.match(ln)]
+    assert len(lines) >= 4, lines  # the first update's, >= 3 heartbeats, the last one
+    assert all("prefill chr1: 2,048 of 200,000 bases" in ln for ln in lines)
+
+
+def test_summary_progress_and_stats_agree_on_decoding_tokens_per_s(tmp_path, model):
+    """One definition of decoding tokens/s (new tokens over the rounds' time): the summary
+    line, the last progress line and the stats' totals agree within 5 % (rounding only)."""
+    src = tmp_path / "in.fa"
+    src.write_text(">a\nACGTACGTTAGCATGCAAGT\n>b\nTTGACAGCTAGCTCAGTCCTAGGA\n>c\nGATTACA\n")
+    stats = tmp_path / "s.tsv"
+    r = run_cli(["generate", src, "--model", model, "-t", "1", "-n", 96, "--samples", 3,
+                 "-b", 4, "-o", tmp_path / "o.fa", "--stats", stats])
+    assert r.code == 0, r.err
+    summary = float(re.search(r"([\d,]+) tokens/s decoding", r.err).group(1).replace(",", ""))
+    last = [ln for ln in r.err.splitlines() if LINE.match(ln)][-1]
+    progress = float(re.search(r"([\d.,]+) tokens/s", last).group(1).replace(",", ""))
+    rows = [ln.split("\t") for ln in stats.read_text().splitlines()]
+    col = {name: i for i, name in enumerate(rows[0])}
+    tokens = sum(int(x[col["new_tokens"]]) for x in rows[1:])
+    decode_s = sum(float(x[col["decode_s"]]) for x in rows[1:])
+    pooled = tokens / decode_s
+    for figure in (progress, pooled):
+        assert abs(figure - summary) <= 0.05 * summary, (summary, progress, pooled)
+    assert all(float(x[col["prefill_s"]]) >= 0 and x[col["batch"]] == "4" for x in rows[1:])
+    assert [x[col["input_id"]] for x in rows[1:]] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    assert [int(x[col["job"]]) for x in rows[1:]] == list(range(9))
+
+
+def test_a_prompt_longer_than_the_trained_context_is_warned_about(tmp_path, model):
+    import shutil
+
+    from evspark_cli.model.config import ModelConfig
+
+    model = Path(shutil.copytree(model, tmp_path / "m"))
+    cfg = ModelConfig.load(model / "config.json")
+    cfg.trained_context = trained = 64  # as `evspark train` records its window
+    cfg.save(model / "config.json")
+    src = tmp_path / "in.fa"
+    src.write_text(">long\n" + "ACGT" * (trained // 4 + 8) + "\n>short\nACGT\n")
+    r = run_cli(["generate", src, "--model", model, "-t", "1", "-n", 2, "-q"])
+    assert r.code == 0, r.err
+    warning = [ln for ln in r.err.splitlines() if ln.startswith("evspark: warning:")]
+    assert len(warning) == 1 and "'long'" in warning[0] and "'short'" not in warning[0]
+    assert "trained on" in warning[0] and f"--prompt-tail {trained}" in warning[0]
+    r = run_cli(["generate", src, "--model", model, "-t", "1", "-n", 2, "-q",
+                 "--prompt-tail", trained])
+    assert "warning" not in r.err

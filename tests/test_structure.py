@@ -9,16 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "evspark_cli"
-TOP_LEVEL = {"__init__", "alphabet", "api", "bundled", "cgroups", "cpus", "errors", "files",
-             "limits"}
+TOP_LEVEL = {"__init__", "alphabet", "api", "bundled", "cgroups", "cpus", "defaults", "errors",
+             "files", "limits"}
 """The only modules directly in evspark_cli/: the core every package may use and the two modules
 above the packages (TOP). A new module goes into a package (cli, decode, eval, generation, io,
 model, train, or a new one), never beside these."""
 TOP = {"evspark_cli.api", "evspark_cli.limits"}
 """The top-level modules above the packages, which only the command line imports: the Python API
 (`api`) and the limits a command checks a run against (`limits`: context, memory). The other
-top-level modules (`__init__`, whose names resolve lazily, alphabet, bundled, cgroups, cpus, errors,
-files) are the core: they import only each other."""
+top-level modules (`__init__`, whose names resolve lazily, alphabet, bundled, cgroups, cpus,
+defaults, errors, files) are the core: they import only each other."""
 
 
 def _module(path: Path) -> str:
@@ -181,8 +181,9 @@ def test_modules_import_each_other_without_a_circle():
 
 def test_a_new_module_goes_into_a_package():
     """evspark_cli/ holds only the modules of TOP_LEVEL (the core: __init__, alphabet, bundled,
-    cgroups, cpus, errors, files; above the packages: api, limits); a new module goes into a package
-    (cli, decode, eval, generation, io, model, train, or a new one), not beside them."""
+    cgroups, cpus, defaults, errors, files; above the packages: api, limits); a new module goes
+    into a package (cli, decode, eval, generation, io, model, train, or a new one), not beside
+    them."""
     top = {p.stem for p in PKG.glob("*.py")}
     assert top <= TOP_LEVEL, (f"{sorted(top - TOP_LEVEL)} in evspark_cli/: a new module goes into "
                               f"a package, the top level holds only {sorted(TOP_LEVEL)}")

@@ -98,7 +98,7 @@ def test_container_recipes_build_what_ci_tests():
         assert f"TORCH={torch}" in recipe
         assert '-e ".[test]"' in recipe
         assert "ruff check . && " + TEST_COMMAND in recipe
-        assert "EVSPARK_SHARED=/opt/shared" in recipe
+        assert "shared" not in recipe.lower()  # the suite needs nothing outside the repository
     assert "ARG TORCH_INDEX=\n" in docker and "TORCH_INDEX=\n" in apptainer  # PyPI by default
     # the Docker image is the runtime stage: a plain install from the repository, no test extra,
     # built only after the test stage (editable, with the suite) has passed
@@ -108,7 +108,12 @@ def test_container_recipes_build_what_ci_tests():
     assert "pip install /tmp/evspark-src" in runtime and "-e " not in runtime
     assert "[test]" not in runtime and "COPY . ." not in docker.split("FROM base AS test", 1)[0]
     # the build commands are in the README
-    assert "docker build --build-context shared=../shared" in README
+    assert "docker build -t evspark:0.1.0 ." in README
+    # any uid runs the image (outputs on a mounted folder owned by the caller), and the
+    # Apptainer image keeps the installed package only: no sources, test extra, training state
+    assert "USER " not in runtime and "ENV HOME=/tmp" in runtime
+    post = apptainer.split("%post", 1)[1].split("%test", 1)[0]
+    assert post.rstrip().endswith("rm -rf /opt/evspark") and "pip install /opt/evspark\n" in post
     assert "apptainer build evspark.sif apptainer/evspark.def" in README
 
 
@@ -195,3 +200,14 @@ def test_nextflow_run_equals_one_unsharded_run(tmp_path_factory, tmp_path):
     assert got == by_id(whole) and sorted(got) == ["a.cont", "b.cont", "c.cont"]
     for log in (tmp_path / "results" / "logs").iterdir():
         assert log.read_text().splitlines()[-1].startswith("evspark: generate: ")
+
+
+def test_nextflow_profiles_select_the_image_they_name():
+    """The module's own `container` directive outranks a plain `process.container` in the
+    config; only a `withName` selector overrides it, so each profile must use one."""
+    config = (ROOT / "examples" / "nextflow" / "nextflow.config").read_text()
+    for profile, image in (("docker", "evspark:0.1.0"), ("apptainer", "evspark.sif")):
+        body = config.split(f"    {profile} {{", 1)[1].split("\n    }", 1)[0]
+        assert f"withName: 'EVSPARK_GENERATE' {{ container = '{image}' }}" in body, profile
+        assert "process.container" not in body
+    assert "-u $(id -u):$(id -g)" in config

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def find_shared() -> Path:
-    """The shared data/oracle folder: $EVSPARK_SHARED, else `shared/` beside this checkout, else
-    beside the local checkout this one was cloned from (a fresh clone in a temporary folder)."""
+    """The optional shared data folder (large genomes, the prompt suite): $EVSPARK_SHARED, else
+    `shared/` beside this checkout, else beside the local checkout this one was cloned from."""
     if os.environ.get("EVSPARK_SHARED"):
         return Path(os.environ["EVSPARK_SHARED"])
     here = ROOT.parent / "shared"
@@ -37,7 +37,20 @@ def find_shared() -> Path:
 
 
 SHARED = find_shared()
-PHIX = SHARED / "data" / "valid" / "phiX174.fa.gz"
+FIXTURES = ROOT / "tests" / "fixtures"
+PHIX = FIXTURES / "phiX174.fa.gz"
+ORACLE = FIXTURES / "oracle"
+
+
+def needs_shared(*parts: str):
+    """Mark a test whose input is in the optional shared folder (`SHARED / parts`), skipped when
+    that is absent: the suite itself needs only what `tests/fixtures` holds."""
+    import pytest
+
+    path = SHARED.joinpath(*parts)
+    skip = pytest.mark.skipif(not path.exists(), reason=f"optional shared input {path} not found "
+                              "(set EVSPARK_SHARED to a shared/ folder to run it)")
+    return lambda test: pytest.mark.shared(skip(test))
 
 
 def phix_genome() -> str:
@@ -76,7 +89,14 @@ def trained_tiny_dir(out: Path, steps: int = 60, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     tr = Trainer(cfg)
     tr.run()
-    return tr.export(out / "model")
+    folder = tr.export(out / "model")
+    # trained on 128-base windows, it would warn about every longer test prompt: the tests that
+    # check that warning set a trained context of their own
+    cfg_model = ModelConfig.load(folder / "config.json")
+    assert cfg_model.trained_context == 128  # what `evspark train` records
+    cfg_model.trained_context = None
+    cfg_model.save(folder / "config.json")
+    return folder
 
 
 def random_tiny_dir(out: Path, seed: int = 0, **kw) -> Path:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from .app import command, say
-from .common import out_line, use_threads
+from .common import out_line, use_threads, warn
 from .options import CompileOpt, MaxMemoryOpt, ModelOpt, QuietOpt, ThreadsOpt
 from .progress import Progress
 
@@ -96,6 +96,12 @@ def bench(
     with Progress("bench", "results", quiet=quiet) as prog:
         res = run_bench(model, cfg, out, " ".join(["evspark"] + sys.argv[1:]), drafters,
                         log=prog.log)
+    timing = res["timing"]
+    if not timing["reliable"]:
+        warn(f"timings UNRELIABLE: {len(timing['native_repeats_s'])} native passes of the same "
+             f"prompt differed by {100 * timing['spread']:.0f}% (more than "
+             f"{100 * timing['limit']:.0f}%: a busy machine?); rerun on an idle one or with "
+             "fewer --threads")
     out_line(json.dumps(_summary(res, out), indent=1))
     prog.summary(f"evspark: bench: preset {preset}, {len(res['speed'])} speed settings, "
                  f"{time.monotonic() - t0:.1f} s, {used.describe()}; report in {out}")
@@ -104,7 +110,8 @@ def bench(
 def _summary(res: dict, out: str) -> dict:
     """What `bench` prints: the pooled speedups and the throughput sections' tokens/s."""
     head = {k: round(v["summary"]["pooled_speedup"], 3) for k, v in res["speed"].items()}
-    summary: dict = {"out": out, "pooled_speedup": head}
+    summary: dict = {"out": out, "pooled_speedup": head,
+                     "timing_reliable": res["timing"]["reliable"]}
     t = res.get("throughput")
     if t:
         summary["throughput_tokens_per_s"] = {k: v["tokens_per_s"] for k, v in

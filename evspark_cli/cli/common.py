@@ -12,7 +12,8 @@ from .app import say
 if TYPE_CHECKING:
     from ..cpus import Threads
     from ..io.prompts import Prompts
-    from ..io.types import LengthCap
+    from ..io.types import LengthCap, Prompt
+    from ..model.config import ModelConfig
 
 
 PROMPT_OPTIONS = {"literal": "--prompt", "regions": "--region", "bed": "--regions"}
@@ -36,16 +37,36 @@ def warn(message: str) -> None:
 def read_input(inputs: list[str] | None, region: list[str] | None, regions: str | None,
                prompt_tail: int | None, shard: str | None, strict: bool,
                literal: str | list[str] | None = None, iupac: str = "keep",
-               cap: LengthCap | None = None) -> Prompts:
+               cap: LengthCap | None = None, samples: int = 1,
+               config: ModelConfig | None = None) -> Prompts:
     """The run's prompts (io/prompts.py), with their warnings printed; `iupac` and `cap` as
-    for io/fasta.read_prompts."""
+    for io/fasta.read_prompts; `samples` per prompt for the jobs `shard` splits. With the
+    model's `config`, prompts longer than it was trained on are warned about."""
     from ..io.prompts import load_prompts
 
     got = load_prompts(inputs, region or None, regions, literal, prompt_tail, shard, strict,
-                       iupac=iupac, cap=cap)
+                       iupac=iupac, cap=cap, samples=samples)
     for w in got.warnings:
         warn(w)
+    if config is not None:
+        beyond_training(config, got.prompts)
     return got
+
+
+def beyond_training(config: ModelConfig, prompts: list[Prompt]) -> None:
+    """Warn about prompts longer than the context the model was trained on (its config's
+    `trained_context`): the model reads them, but past that length it extrapolates."""
+    known = config.known_context
+    long = [p for p in prompts if len(p.seq) > known]
+    if not long:
+        return
+    ids = ", ".join(repr(p.id) for p in long[:3]) + (f" and {len(long) - 3} more"
+                                                    if len(long) > 3 else "")
+    one = len(long) == 1
+    warn(f"{len(long)} prompt{'' if one else 's'} ({ids}) {'is' if one else 'are'} longer "
+         f"than the {known:,} bases the model was trained on (up to "
+         f"{max(len(p.seq) for p in long):,}): past that its output is extrapolation; "
+         f"--prompt-tail {known} keeps the last {known:,} bases")
 
 
 def use_threads(threads: int) -> Threads:

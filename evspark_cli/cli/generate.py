@@ -17,6 +17,7 @@ from .generate_options import (
     ForceDrafterOpt,
     GreedyOpt,
     IncludePromptOpt,
+    IndexOpt,
     InputsArg,
     LineWidthOpt,
     MaxNewTokensOpt,
@@ -100,6 +101,7 @@ def generate(
     output: Optional[str] = OutputOpt,
     stats: Optional[str] = StatsOpt,
     line_width: int = LineWidthOpt,
+    index: bool = IndexOpt,
     include_prompt: bool = IncludePromptOpt,
     resume: bool = ResumeOpt,
     quiet: bool = QuietOpt,
@@ -111,17 +113,13 @@ def generate(
     max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
     """Continue each record (or region) and write the continuations as FASTA."""
-    from ..io.writers import check_distinct_outputs, check_output_path
     from ..limits import context_cap, readable_config, run_inputs
 
     t0 = time.monotonic()
-    for path in (output, stats):
-        check_output_path(path)
-    check_distinct_outputs(run_inputs(inputs, regions, model_dir, [drafter]),
-                           [("--output", "-" if output is None else output), ("--stats", stats)])
+    _check_outputs(run_inputs(inputs, regions, model_dir, [drafter]), output, stats, index)
     config = readable_config(model_dir)
     got = read_input(inputs, region, regions, prompt_tail, shard, strict, literal=prompt or None,
-                     iupac=iupac, cap=context_cap(config))
+                     iupac=iupac, cap=context_cap(config), samples=samples, config=config)
     prompts = got.prompts
     # the bar shows before torch is imported (a second or two): a run says what it does at once
     with Progress("generate", "tokens", quiet=quiet) as prog:
@@ -129,6 +127,7 @@ def generate(
         from ..generation.options import DecodeOptions
         from ..generation.plan import model_and_drafter
         from ..generation.records import RecordScheme
+        from ..io.shard import parse_shard
 
         options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k,
                                 top_p, seed, samples, rollback, rule, draft_length)
@@ -137,17 +136,30 @@ def generate(
                                      device=device, dtype=dtype, cuda_graphs=cuda_graphs,
                                      compile=compile_cpu, max_memory=max_memory,
                                      config=config)
+        split = parse_shard(shard) if shard else None  # a shard 1/1 is the whole run
         scheme = RecordScheme(model.config.model_name, d, options, include_prompt, prompt_tail,
-                              iupac)
-        run, jobs, failed = _decode(scheme, model, d, prompts, prog, output, stats, line_width,
-                                    resume, batch_size, max_memory, compare_native)
+                              iupac, split if split and split[1] > 1 else None)
+        run, jobs, failed = _decode(scheme, model, d, prompts, prog, output, stats,
+                                    (line_width, index), resume, batch_size, max_memory,
+                                    compare_native)
+    own = len(scheme.output_ids(prompts))  # the run's jobs: every (record, sample), or a shard's
     prog.summary(summary_line(run.summary, len(prompts), samples, time.monotonic() - t0, used,
-                              resumed=len(prompts) * samples - len(jobs),
-                              skipped=len(got.skipped)))
+                              resumed=own - len(jobs), skipped=len(got.skipped),
+                              shard=(shard, own) if shard else None))
     if failed:
         what = "record" if samples == 1 else "sequence"  # a job: one sample of a record
         fail(f"{len(failed)} of {len(jobs)} {what}{'s' if len(jobs) != 1 else ''} failed "
              f"({', '.join(failed[:5])}); {_kept(output)}", 1)
+
+
+def _check_outputs(inputs: list, output: str | None, stats: str | None, index: bool) -> None:
+    """Before any work: the outputs can be written, none is an input or another's file."""
+    from ..io.writers import check_distinct_outputs, check_fasta_index, check_output_path
+
+    for path in (output, stats):
+        check_output_path(path)
+    outputs = [("--output", "-" if output is None else output), ("--stats", stats)]
+    check_distinct_outputs(inputs, outputs + check_fasta_index(output, index))
 
 
 def _kept(output: str | None) -> str:
@@ -164,10 +176,11 @@ def _kept(output: str | None) -> str:
 
 def _decode(scheme: RecordScheme, model: StripedHyena, drafter: Drafter | None,
             prompts: list[Prompt], prog: Progress, output: str | None, stats: str | None,
-            line_width: int, resume: bool, batch_size: int | None, max_memory: str | None,
+            layout: tuple[int, bool], resume: bool, batch_size: int | None, max_memory: str | None,
             compare_native: bool) -> tuple[GenerationRun, list[Job], list[str]]:
     """Decode every (prompt, sample) an earlier run did not finish and write it: the run, the
-    jobs it decoded and the output ids that failed."""
+    jobs it decoded and the output ids that failed. `layout`: the FASTA's line width and
+    whether it gets an index."""
     from ..generation.jobs import Record, build_jobs
     from ..generation.options import default_batch_size
     from ..generation.outputs import OrderedWriter, closing, open_outputs
@@ -178,12 +191,12 @@ def _decode(scheme: RecordScheme, model: StripedHyena, drafter: Drafter | None,
     records = [Record.of(p, vocab, scheme.output_base(p)) for p in prompts]
     # the batch size is checked (and against memory) before any output is opened, so a refused
     # run leaves no .partial; with every job, which a resumed run's fewer jobs only make easier
-    every_job = build_jobs(records, scheme.options)
+    every_job = build_jobs(records, scheme.options, shard=scheme.shard)
     run = GenerationRun(model, drafter, scheme.options, compare_native=compare_native)
     run.batch_size = plan_batch(model, every_job, scheme.options, drafter, batch_size, max_memory)
-    outputs = open_outputs(scheme, prompts, output, stats, line_width, resume)
+    outputs = open_outputs(scheme, prompts, output, stats, *layout, resume=resume)
     with closing(outputs):
-        jobs = build_jobs(records, scheme.options, skip=outputs.done_ids)
+        jobs = build_jobs(records, scheme.options, skip=outputs.done_ids, shard=scheme.shard)
         if len(jobs) < len(every_job):  # resumed: planned again for the rows still to decode
             run.batch_size = plan_batch(model, jobs, scheme.options, drafter, batch_size,
                                         max_memory)

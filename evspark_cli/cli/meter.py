@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .estimates import DecodeTiming, PrefillFit
-from .progress import Progress, fmt_count, fmt_rate, fmt_rough
+from .formats import fmt_count, fmt_rate, fmt_rough
+from .progress import Progress
 
 if TYPE_CHECKING:  # the engine is imported lazily (a fast --help)
     from ..cpus import Threads
@@ -67,12 +68,16 @@ class GenerationMeter:
         self.last = clock()
         self.pass_index = 0
         self.pass_status = ""
+        self.decoded = {True: [0, 0.0], False: [0, 0.0]}  # per mode: tokens, rounds' seconds
+        self.mode = False  # the mode of the pass in progress (native?)
         progress.set_total(sum(p.tokens for p in passes))
         progress.eta = self.time_left
+        progress.per_s = self.decoding_rate
 
     # generation.run.RunObserver
     def pass_started(self, p: Pass) -> None:
         self.pass_index += 1
+        self.mode = p.native
         self.last = self.clock()
         self.setup, self.prefill_s, self.current = True, 0.0, None
         self.pass_status = self._status(p)
@@ -111,6 +116,8 @@ class GenerationMeter:
             timing.plain_s += dt
             timing.plain_tokens += report.tokens
         self.setup, self.prefill_s = False, 0.0
+        self.decoded[mode][0] += report.tokens
+        self.decoded[mode][1] += report.seconds
         self.left[mode] = max(0, self.left[mode] - report.tokens)
         if not mode:
             self.rows += report.rows
@@ -125,6 +132,12 @@ class GenerationMeter:
     # estimates
     def tau(self) -> float | None:
         return (self.accepted + self.rows) / self.rows if self.rows else None
+
+    def decoding_rate(self) -> float | None:
+        """Decoding tokens/s so far, of the mode in progress: its tokens over its rounds' time
+        (the summary's and the stats' definition: generation/results.py)."""
+        tokens, seconds = self.decoded[self.mode]
+        return tokens / seconds if seconds > 0 else None
 
     def rate(self, native: bool) -> float | None:
         """Decoded tokens per second of a mode (the other mode's until it has some)."""
@@ -230,14 +243,16 @@ def _first_of_records(jobs: tuple[Job, ...]) -> list[Job]:
 
 
 def summary_line(s: RunSummary, records: int, samples: int, wall_s: float, threads: Threads,
-                 resumed: int = 0, skipped: int = 0) -> str:
-    """The run's last line: what was done, how long it took, how fast, with what."""
+                 resumed: int = 0, skipped: int = 0, shard: tuple[str, int] | None = None) -> str:
+    """The run's last line: what was done, how long it took, how fast, with what. `shard`:
+    the `--shard` given and how many of the records' jobs are in it."""
     done = s.jobs - s.failed
+    held = f" (shard {shard[0]}: {shard[1]} of them)" if shard else ""
     parts = [f"evspark: generate: {records} record{'s' if records != 1 else ''} x {samples} "
-             f"sample{'s' if samples != 1 else ''}, {done} sequence{'s' if done != 1 else ''} "
-             "written"
+             f"sample{'s' if samples != 1 else ''}{held}, {done} "
+             f"sequence{'s' if done != 1 else ''} written"
              + (f" ({s.failed} failed)" if s.failed else ""),
-             f"{s.tokens:,} tokens in {wall_s:.1f} s",
+             f"{s.tokens:,} tokens in {wall_s:.1f} s (prefill {s.prefill_seconds:.1f} s)",
              f"{s.tokens_per_s or 0:,.0f} tokens/s decoding"]
     if s.tau:
         parts.append(f"mean tau {s.tau:.2f}")

@@ -11,6 +11,8 @@ from typing import Any
 
 import typer
 
+from .. import defaults
+
 INPUT_PANEL = "Input"
 MODEL_PANEL = "Model and device"
 SAMPLING_PANEL = "Sampling"
@@ -42,7 +44,7 @@ TailOpt = option(None, "--prompt-tail", help="Use only the last N bases of each 
                  panel=INPUT_PANEL)
 ShardOpt = option(None, "--shard", help="I/N: process only records i with i mod N == I-1 "
                   "(N jobs cover the input exactly once).", panel=INPUT_PANEL)
-DeviceOpt = option("auto", "--device", help="auto, cpu or cuda.", panel=MODEL_PANEL)
+DeviceOpt = option(defaults.DEVICE, "--device", help="auto, cpu or cuda.", panel=MODEL_PANEL)
 DtypeOpt = option("auto", "--dtype", help="auto (fp32 on CPU, bf16 on CUDA), float32, "
                   "bfloat16.", panel=MODEL_PANEL)
 CompileOpt = option(False, "--compile", help="On a CPU, run decode steps and verification "
@@ -53,12 +55,13 @@ CompileOpt = option(False, "--compile", help="On a CPU, run decode steps and ver
 GraphsOpt = option(True, "--cuda-graphs/--no-cuda-graphs", help="On a GPU, replay decode "
                    "steps and verification blocks from CUDA graphs (no effect on CPU).",
                    panel=PERFORMANCE_PANEL)
-GammaOpt = option(12, "--gamma", "-g", help="Draft length per round.", panel=SPECULATION_PANEL)
-RuleOpt = option("residual", "--rule", panel=SPECULATION_PANEL,
+GammaOpt = option(defaults.GAMMA, "--gamma", "-g", help="Draft length per round.",
+                  panel=SPECULATION_PANEL)
+RuleOpt = option(defaults.RULE, "--rule", panel=SPECULATION_PANEL,
                  help="How tokens are drawn: residual (lossless in distribution) or coupled "
                  "(Gumbel-max: sampled output equals native sampling of the same seed, token for "
                  "token, whatever the drafter, gamma or batch).")
-DraftLengthOpt = option("fixed", "--draft-length", panel=SPECULATION_PANEL,
+DraftLengthOpt = option(defaults.DRAFT_LENGTH, "--draft-length", panel=SPECULATION_PANEL,
                         help="fixed (--gamma drafts every round) or confidence (each round "
                         "verifies as many drafts as the drafter's confidence and the measured "
                         "cost of a block make worth it, --gamma at most; greedy or --rule "

@@ -5,7 +5,9 @@
 - stderr is a file or a pipe (Snakemake and SLURM logs, `2> log`): plain timestamped lines, one
   when a unit of work worth reporting ends (`milestone`, e.g. a record) and one every
   `interval` seconds while nothing ends, never two within `min_gap` seconds (a milestone that
-  comes too soon is folded into the next line), and a last one when the work ends.
+  comes too soon is folded into the next line), and a last one when the work ends. A heartbeat
+  thread keeps the cadence while the work sends no update (a long prefill chunk, a model
+  loading): its line says what the last update said, with the time elapsed.
 - `--quiet`: neither. The summary line (`summary`) is printed in every case: a log always says
   what a run did.
 
@@ -17,72 +19,22 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 from typing import IO, Any
+
+from .formats import Rate, fmt_count, fmt_duration, fmt_rate
 
 INTERVAL_S = 10.0
 """Seconds between progress lines in a log while no milestone is reached."""
 MIN_GAP_S = 0.5
 """The least time between two progress lines in a log (at most two lines a second)."""
-RATE_WINDOW_S = 20.0
 """The rate shown is measured over about this many recent seconds."""
 BAR_REFRESH_S = 0.1
 """The bar's fields (rate, time left) are recomputed at most this often, however fast rounds
 come: a GPU run makes thousands of rounds a second."""
-
-
-def fmt_count(x: float) -> str:
-    """1234567 -> '1,234,567'; fractions (training steps never are) with one decimal."""
-    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
-
-
-def fmt_duration(seconds: float | None) -> str:
-    """An ETA or elapsed time as H:MM:SS ('-:--:--' while unknown)."""
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return "-:--:--"
-    s = int(round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def fmt_rough(seconds: float) -> str:
-    """A time left for prose, no more precise than an estimate: '~40 s', '~2 min', '~1 h 5 min'."""
-    s = max(1, round(seconds))
-    if s < 60:
-        return f"~{s} s"
-    minutes = round(s / 60)
-    if minutes < 60:
-        return f"~{minutes} min"
-    h, m = divmod(minutes, 60)
-    return f"~{h} h {m} min" if m else f"~{h} h"
-
-
-def fmt_rate(rate: float | None, unit: str) -> str:
-    if not rate:
-        return f"- {unit}/s"
-    return f"{rate:,.0f} {unit}/s" if rate >= 10 else f"{rate:.2f} {unit}/s"
-
-
-class Rate:
-    """Work per second over the last RATE_WINDOW_S seconds (all of it until then)."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
-        self.samples: deque[tuple[float, float]] = deque()
-
-    def add(self, done: float) -> None:
-        now = self.clock()
-        self.samples.append((now, done))
-        while len(self.samples) > 2 and now - self.samples[1][0] > RATE_WINDOW_S:
-            self.samples.popleft()
-
-    def per_s(self) -> float | None:
-        if len(self.samples) < 2:
-            return None
-        (t0, d0), (t1, d1) = self.samples[0], self.samples[-1]
-        return (d1 - d0) / (t1 - t0) if t1 > t0 and d1 > d0 else None
 
 
 class Progress:
@@ -108,12 +60,17 @@ class Progress:
         self.detail = ""  # e.g. "2/4 records, tau 3.41"
         self.status = ""  # what happens now, e.g. "loading model"
         self.eta: Callable[[], float | None] | None = None
+        self.per_s: Callable[[], float | None] | None = None  # the rate shown, when not `rate`'s
         self.rate = Rate(clock)
         self.t_start = clock()
         self._last_line = self._last_draw = -math.inf
         self._pending = False  # a milestone not yet reported in a line
         self._bar: Any = None
         self._task: Any = None
+        self._said: tuple[float, str, str] | None = None  # what the last line reported
+        self._lock = threading.Lock()  # one line at a time: the heartbeat's or the updates'
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Progress:
@@ -132,14 +89,31 @@ class Progress:
             self._task = self._bar.add_task(self.command, total=self.total, count="", rate="",
                                             detail="", left="")
             self._refresh()
+        elif self.mode == "lines" and self.interval > 0 and self.clock is time.monotonic:
+            # (not on a test's own clock, nor with a line at every update already)
+            self._heartbeat = threading.Thread(target=self._beat, daemon=True,
+                                               name="evspark-progress")
+            self._heartbeat.start()
+
+    def _beat(self) -> None:
+        """A line every `interval` seconds while no update prints one."""
+        while not self._stop.wait(min(1.0, max(0.05, self.interval / 4))):
+            with self._lock:
+                if self.mode == "lines" and self.clock() - self._last_line >= self.interval:
+                    self._line()
 
     def close(self, finished: bool = True) -> None:
         """Stop the bar; in a log, one last line with where the work ended."""
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+            self._heartbeat = None
         if self._bar is not None:
             self._refresh()
             self._bar.stop()
             self._bar = None
-        elif self.mode == "lines" and (finished or self._pending or self.done):
+        elif self.mode == "lines" and (finished or self._pending or self.done) \
+                and self._said != self._state():  # never the same line twice at the end
             self._line()
         self.mode = "off"
 
@@ -172,6 +146,11 @@ class Progress:
     def elapsed(self) -> float:
         return self.clock() - self.t_start
 
+    def shown_rate(self) -> float | None:
+        """The rate a line or the bar shows: the command's own definition (`per_s`), else
+        units done per second of the recent past."""
+        return self.per_s() if self.per_s is not None else self.rate.per_s()
+
     def time_left(self) -> float | None:
         if self.eta is not None:
             return self.eta()
@@ -188,15 +167,15 @@ class Progress:
                 self._last_draw = now
                 self._refresh()
         elif self.mode == "lines":
-            now = self.clock()
-            since = now - self._last_line
-            if (self._pending and since >= self.min_gap) or since >= self.interval:
-                self._line()
+            with self._lock:
+                since = self.clock() - self._last_line
+                if (self._pending and since >= self.min_gap) or since >= self.interval:
+                    self._line()
 
     def _refresh(self) -> None:
         if self._bar is None:
             return
-        rate = self.rate.per_s()
+        rate = self.shown_rate()
         left = self.time_left()
         count = (f"{fmt_count(self.done)}/{fmt_count(self.total)}" if self.total
                  else fmt_count(self.done))
@@ -216,7 +195,7 @@ class Progress:
             parts.append(f"{fmt_count(self.done)} {self.unit}")
         if self.detail:
             parts.append(self.detail)
-        rate = self.rate.per_s()
+        rate = self.shown_rate()
         if rate:
             parts.append(fmt_rate(rate, self.unit))
         parts.append(f"elapsed {fmt_duration(self.elapsed())}")
@@ -226,9 +205,14 @@ class Progress:
         head = f"{self.command}: {self.status}: " if self.status else f"{self.command}: "
         return head + ", ".join(parts)
 
+    def _state(self) -> tuple[float, str, str]:
+        """What a line reports, its clock aside."""
+        return self.done, self.detail, self.status
+
     def _line(self) -> None:
         self._last_line = self.clock()
         self._pending = False
+        self._said = self._state()
         stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
         _write(self.stream, f"evspark [{stamp}] {self.text()}")
 

@@ -117,10 +117,11 @@ def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window:
     import torch
 
     from ..eval import score as scoring
+    from ..io.compressed import plain_name
     from ..io.writers import StatsOutput
     from ..model.tokenizer import tokenize_tensor
 
-    fmt = "jsonl" if output and output.lower().endswith(".jsonl") else "tsv"
+    fmt = "jsonl" if output and plain_name(output).lower().endswith(".jsonl") else "tsv"
     saved: dict[str, torch.Tensor] = {}
     failed: list[str] = []
     with StatsOutput(output, scoring.SCORE_COLUMNS, resume=resume, fmt=fmt) as rows:

@@ -130,7 +130,7 @@ def verify(
     t0 = time.monotonic()
     config = readable_config(model_dir)
     prompts = read_input(inputs, region, regions, prompt_tail, shard, strict, iupac=iupac,
-                         cap=context_cap(config)).prompts
+                         cap=context_cap(config), config=config).prompts
     used = use_threads(threads)
     with Progress("verify", "prompts", total=len(prompts), quiet=quiet) as prog:
         prog.update(status="loading the model")

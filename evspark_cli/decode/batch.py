@@ -211,8 +211,11 @@ class BatchDecoder:
                 finished.append(b)
                 res.wall_s = time.perf_counter() - r.t_start
                 done.append(Outcome(r.job, result=res))
+        spent = time.perf_counter() - t0
+        for r in rows:
+            r.result.decode_s += spent / B
         if self.on_round is not None:
-            self.on_round(RoundReport(emitted, B, sum(m), sum(gammas)))
+            self.on_round(RoundReport(emitted, B, sum(m), sum(gammas), spent))
         if self.schedule is not None and prop is not None:
             self.schedule.note_round(B, k, time.perf_counter() - t0, t_block + t2 - t_commit)
         return done, finished

@@ -27,6 +27,10 @@ class DecodeResult:
     position_accepts: list[int] = field(default_factory=list)  # per draft slot: times accepted
     position_trials: list[int] = field(default_factory=list)  # per draft slot: times reached
     prefill_s: float = 0.0  # time spent in the prompt's prefill (inside wall_s; 0 for a fork)
+    decode_s: float = 0.0  # its share of the rounds it took part in (each round's time split
+    #                        evenly among the round's rows): its rows' shares add up to the
+    #                        run's decoding time, so tokens / decode_s is one definition of
+    #                        decoding tokens/s for a row, a batch and a run (docs/cli.md)
     progress: list[tuple[int, float]] = field(default_factory=list)  # (tokens so far, seconds)
 
     @property
@@ -94,3 +98,4 @@ class RoundReport:
     rows: int
     accepted: int  # drafts accepted
     proposed: int  # drafts proposed
+    seconds: float = 0.0  # the round's time (its rows' `decode_s` shares add up to it)

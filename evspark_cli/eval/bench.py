@@ -546,6 +546,26 @@ def check_bench_tokens(model: StripedHyena, cfg: BenchConfig) -> None:
                            f"{limit:,}", name)
 
 
+TIMING_REPEATS = 3
+"""Native passes of the first prompt that tell whether the machine times steadily."""
+
+
+def timing_check(model: StripedHyena, prompt: Prompt, new_tokens: int,
+                 log: Callable[[str], None]) -> dict[str, Any]:
+    """The same native pass timed TIMING_REPEATS times: their spread, (max - min) / median,
+    is the noise every speedup of the run carries; above SPREAD_LIMIT (generate's rule for
+    --compare-native) the run's timings are flagged unreliable."""
+    from ..generation.run import SPREAD_LIMIT
+
+    times = sorted(decode_native(model, _ids(prompt), new_tokens, GREEDY).wall_s
+                   for _ in range(TIMING_REPEATS))
+    spread = (times[-1] - times[0]) / times[len(times) // 2]
+    out = {"native_repeats_s": times, "spread": spread, "reliable": spread <= SPREAD_LIMIT,
+           "limit": SPREAD_LIMIT}
+    log(f"timing: {TIMING_REPEATS} native passes of {prompt.id}, spread {100 * spread:.0f}%")
+    return out
+
+
 def run_bench(model: StripedHyena, cfg: BenchConfig, out_dir: str | Path, command: str,
               drafters: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> dict:
     check_bench_tokens(model, cfg)
@@ -562,6 +582,7 @@ def run_bench(model: StripedHyena, cfg: BenchConfig, out_dir: str | Path, comman
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "drafters": list(drafters)}
     skip = set(cfg.skip)
+    res["timing"] = timing_check(model, prompts[0], min(cfg.new_tokens, 256), log)
     res["speed"] = {} if "speed" in skip else speed_and_greedy(model, prompts, drafters, cfg, log)
     res["sampled_losslessness"] = ({} if "tvd" in skip
                                    else sampled_losslessness(model, prompts, main, cfg, log))

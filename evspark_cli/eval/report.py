@@ -82,7 +82,15 @@ def write_report(res: dict[str, Any], out: Path) -> Path:
          f"Preset `{res['config']['preset']}`: {res['config']['n_prompts']} prompts x "
          f"{res['config']['new_tokens']} new tokens, gamma {res['config']['gamma']}; native and "
          "speculative decoding interleaved per prompt in one process (speedup = native time / "
-         "speculative time, pooled = total / total).", "", "## Speed and greedy losslessness", ""]
+         "speculative time, pooled = total / total).", ""]
+    timing = res.get("timing")
+    if timing:
+        verdict = ("steady" if timing["reliable"] else
+                   f"**UNRELIABLE** (more than {100 * timing['limit']:.0f}%: a busy machine; "
+                   "treat every speedup below with caution)")
+        L += [f"Timing noise: {len(timing['native_repeats_s'])} native passes of the first "
+              f"prompt differed by {100 * timing['spread']:.0f}%: {verdict}.", ""]
+    L += ["## Speed and greedy losslessness", ""]
     L += speed_table(res) if res["speed"] else ["(skipped)"]
     L += ["", "Conditional acceptance per draft position (sampled, slice):", ""]
     for name, v in res["speed"].items():

@@ -64,8 +64,8 @@ class VerifyResult:
     tie_tolerance: float
     rows: list[dict[str, Any]]
     batch_size: int = 1
-    native_s: float = 0.0  # batched runs: all prompts' native time and the speculative batch's
-    spec_s: float = 0.0
+    native_s: float = 0.0  # every prompt's native decoding time, prefill included
+    spec_s: float = 0.0  # the speculative side's: the sum of the rows', or the batch's
     sampler: SamplerConfig = GREEDY
 
     @property
@@ -140,15 +140,18 @@ def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Draf
     if rows_at_once > 1:
         return _verify_batched(model, jobs, drafter, opts, tol, rows_at_once, on_prompt)
     rows = []
+    native_s = spec_s = 0.0
     for p, job in zip(prompts, jobs):
         for _, _, nat, spec in side_by_side(model, p, opts.max_new_tokens, opts.sampler, job.rng,
                                             {"d": drafter}, opts.gamma,
                                             lambda _: (opts.rollback,), track_margins=True,
                                             adaptive=opts.adaptive):
+            native_s, spec_s = native_s + nat.wall_s, spec_s + spec.wall_s
             rows.append(compare_greedy(p.id, nat, spec, tol))
             if on_prompt is not None:
                 on_prompt(rows[-1])
-    return VerifyResult(drafter_name(drafter), opts.gamma, tol, rows, sampler=opts.sampler)
+    return VerifyResult(drafter_name(drafter), opts.gamma, tol, rows, 1, native_s, spec_s,
+                        opts.sampler)
 
 
 def _verify_batched(model: StripedHyena, jobs: list[Job], drafter: Drafter,

@@ -18,6 +18,7 @@ from ..decode.drafters.base import RngKey
 from ..decode.jobs import Job
 from ..errors import InputError, SettingError
 from ..io.sequences import clean
+from ..io.shard import job_in_shard
 from ..io.types import Prompt
 from ..model.tokenizer import tokenize
 from .options import DecodeOptions
@@ -79,6 +80,7 @@ class Record:
     tokens: tuple[int, ...]
     key: int
     prompt: Prompt | None = None
+    position: int = 0  # its place among the run's records before --shard (io/shard.py)
 
     @classmethod
     def named(cls, id: str, sequence: str | Sequence[int], vocab: int) -> Record:
@@ -118,7 +120,7 @@ class Record:
         only tokenized here."""
         return cls(prompt.id if id is None else id,
                    _in_vocabulary(tokenize(prompt.seq), vocab, f"record {prompt.id!r}"),
-                   record_key(prompt.random_key), prompt)
+                   record_key(prompt.random_key), prompt, prompt.index)
 
 
 JOB_BYTES = 1024
@@ -154,11 +156,12 @@ def check_job_count(records: int, samples: int, kept_tokens: int | None = None) 
 
 def build_jobs(records: Iterable[Record], options: DecodeOptions,
                skip: set[str] | frozenset[str] = frozenset(),
-               samples: range | None = None) -> list[Job]:
+               samples: range | None = None, shard: tuple[int, int] | None = None) -> list[Job]:
     """Every (record, sample) as a job, record by record and sample by sample, leaving out the
-    output ids in `skip` (finished by an earlier run). `samples`: the sample indices to build
-    (default: all `options.samples`). `index` is the job's place in the list. Refused before any
-    is built when their bookkeeping would not fit in memory (`check_job_count`)."""
+    output ids in `skip` (finished by an earlier run) and, with `shard` (I, N), the jobs of the
+    other shards (io/shard.py, by each record's `position`). `samples`: the sample indices to
+    build (default: all `options.samples`). `index` is the job's place in the list. Refused
+    before any is built when their bookkeeping would not fit in memory (`check_job_count`)."""
     listed = list(records)
     indices = samples if samples is not None else range(options.samples)
     check_job_count(len(listed), len(indices))
@@ -166,7 +169,7 @@ def build_jobs(records: Iterable[Record], options: DecodeOptions,
     for r in listed:
         for s in indices:
             jid = job_id(r.id, s, options.samples)
-            if jid not in skip:
+            if jid not in skip and job_in_shard(r.position, s, shard, options.samples):
                 out.append(Job(len(out), r.tokens, options.max_new_tokens,
                                RngKey(options.seed, r.key, s), jid, r.id, s))
     return out

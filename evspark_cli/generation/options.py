@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import defaults
 from ..decode.batch import ROLLBACKS
 from ..decode.drafters.base import Drafter
 from ..decode.jobs import largest_draft, row_reserve
@@ -52,19 +53,19 @@ def at_most(name: str, value: int, high: int, why: str) -> None:
 class DecodeOptions:
     """What a generation asks for; checked when built, so an instance always holds valid values.
 
-    Defaults are the Python API's; the command line passes its own.
+    Defaults are the command line's and the API's alike (evspark_cli/defaults.py).
     """
 
-    max_new_tokens: int = 64
-    gamma: int = 12
-    temperature: float = 1.0
-    top_k: int = 4
-    top_p: float = 1.0
-    seed: int = 0
-    samples: int = 1  # continuations per record
-    rollback: str = "slice"
-    rule: str = "residual"  # how tokens are drawn from p̃: residual or coupled (decode/sampling.py)
-    draft_length: str = "fixed"  # fixed (gamma every round) or confidence (decode/schedule.py)
+    max_new_tokens: int = defaults.MAX_NEW_TOKENS
+    gamma: int = defaults.GAMMA
+    temperature: float = defaults.TEMPERATURE
+    top_k: int = defaults.TOP_K
+    top_p: float = defaults.TOP_P
+    seed: int = defaults.SEED
+    samples: int = defaults.SAMPLES  # continuations per record
+    rollback: str = defaults.ROLLBACK
+    rule: str = defaults.RULE  # how tokens are drawn from p̃: residual or coupled (sampling.py)
+    draft_length: str = defaults.DRAFT_LENGTH  # fixed, or confidence (decode/schedule.py)
 
     def __post_init__(self) -> None:
         _integer("max_new_tokens", self.max_new_tokens)

@@ -17,7 +17,7 @@ from ..decode.jobs import Job
 from ..errors import SettingError
 from ..io.types import Prompt
 from ..io.writers import FastaOutput, StatsOutput, fasta_letters
-from .records import LATER_WORDS, RecordScheme, prompt_hash
+from .records import LATER_WORDS, SHARD_WORDS, RecordScheme
 from .results import STATS_COLUMNS, JobOutcome
 
 
@@ -48,18 +48,20 @@ class RunOutputs:
 
 
 def open_outputs(scheme: RecordScheme, prompts: Sequence[Prompt], output: str | None,
-                 stats: str | None, line_width: int = 60, resume: bool = False) -> RunOutputs:
+                 stats: str | None, line_width: int = 60, index: bool = False,
+                 resume: bool = False) -> RunOutputs:
     """The outputs of a run over `prompts`; resumed ones checked against this run (a
     SettingError naming the setting that differs). A run refused here leaves no new `.partial`
     behind."""
     ids = scheme.output_ids(list(prompts))
-    by_id = dict(zip(ids, [(p, s) for p in prompts for s in range(scheme.options.samples)]))
-    fasta = FastaOutput(output, line_width=line_width, resume=resume)
+    by_id = dict(zip(ids, scheme.jobs(list(prompts))))
+    fasta = FastaOutput(output, line_width=line_width, resume=resume, index=index)
     stat_out: StatsOutput | None = None
     try:
-        want = dict(scheme.settings, new_tokens=str(scheme.options.max_new_tokens))
-        fasta.check_resumed(want, {i: {"prompt_sha256": prompt_hash(p.seq)}
-                                   for i, (p, _) in by_id.items()}, LATER_WORDS)
+        want = {**SHARD_WORDS, **scheme.settings,
+                "new_tokens": str(scheme.options.max_new_tokens)}
+        fasta.check_resumed(want, {i: scheme.record_words(p, s) for i, (p, s) in by_id.items()},
+                            {**LATER_WORDS, **SHARD_WORDS})
         if stats:
             # with the FASTA on standard output nothing can be resumed: a stats partial is
             # kept (it holds the rows of the records written) but not offered to --resume
@@ -131,8 +133,9 @@ class OrderedWriter:
         # its record is kept and not written twice on a resumed run)
         stats = self.outputs.stats
         if stats is not None and job.label not in stats.done_ids:
-            stats.write(out.stats)
-        self.outputs.fasta.write(job.label, self.scheme.header(prompt, len(out.tokens)), text)
+            stats.write({**out.stats, **self.scheme.input_columns(prompt, job.sample)})
+        self.outputs.fasta.write(job.label, self.scheme.header(prompt, job.sample,
+                                                               len(out.tokens)), text)
 
 
 def closing(outputs: RunOutputs) -> ExitStack:

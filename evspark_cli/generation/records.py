@@ -19,6 +19,7 @@ from typing import Any
 
 from ..decode.drafters.base import Drafter
 from ..decode.drafters.registry import drafter_name
+from ..io.shard import job_in_shard
 from ..io.types import Prompt
 from .options import DecodeOptions
 
@@ -42,6 +43,10 @@ def prompt_hash(seq: str) -> str:
 LATER_WORDS = {"rule": "residual"}
 """Header words added after the first release (written last), with the value a header without
 one stands for: `--resume` of an older `.partial` reads it so."""
+SHARD_WORDS = {"shard": "none"}
+"""The run-wide word only a shard's headers carry (`shard=I/N`, then the record's `job=J`, its
+place in the unsharded run: what `evspark merge` orders by and removes), and what a header
+without it stands for."""
 
 
 @dataclass(frozen=True)
@@ -55,10 +60,11 @@ class RecordScheme:
     include_prompt: bool = False
     prompt_tail: int | None = None
     iupac: str = "keep"
+    shard: tuple[int, int] | None = None  # --shard I/N: the run decodes that shard's jobs only
 
     @property
     def settings(self) -> dict[str, str]:
-        """The `key=value` words every header of the run carries (before new_tokens)."""
+        """The `key=value` words every header of the run carries (`shard` only in a shard)."""
         sampler = self.options.sampler
         return {"model": self.model, "drafter": drafter_name(self.drafter),
                 "gamma": str(self.options.gamma), "temperature": f"{sampler.temperature:g}",
@@ -66,7 +72,16 @@ class RecordScheme:
                 "seed": str(self.options.seed),
                 "include_prompt": "yes" if self.include_prompt else "no",
                 "prompt_tail": str(self.prompt_tail) if self.prompt_tail else "none",
-                "iupac": self.iupac, "rule": sampler.rule}
+                "iupac": self.iupac, "rule": sampler.rule,
+                **({"shard": f"{self.shard[0]}/{self.shard[1]}"} if self.shard else {})}
+
+    def job_index(self, prompt: Prompt, sample: int) -> int:
+        """A job's place in the unsharded run's order (io/shard.py)."""
+        return prompt.index * self.options.samples + sample
+
+    def holds(self, prompt: Prompt, sample: int) -> bool:
+        """Whether the run decodes job (prompt, sample): every job, or its shard's."""
+        return job_in_shard(prompt.index, sample, self.shard, self.options.samples)
 
     def output_base(self, prompt: Prompt) -> str:
         """The output id of a prompt's records before any `_s{i}`: `{prompt id}.cont`, or
@@ -74,28 +89,47 @@ class RecordScheme:
         return prompt.id + (EXTENDED if self.include_prompt else CONTINUATION)
 
     def output_ids(self, prompts: list[Prompt]) -> list[str]:
-        """Every output id of a run over `prompts`, in input order."""
-        samples = self.options.samples
-        return [job_id(self.output_base(p), s, samples) for p in prompts for s in range(samples)]
+        """Every output id of the run's jobs over `prompts`, in input order."""
+        return [job_id(self.output_base(p), s, self.options.samples) for p, s in self.jobs(prompts)]
 
-    def header(self, prompt: Prompt, new_tokens: int) -> str:
+    def jobs(self, prompts: list[Prompt]) -> list[tuple[Prompt, int]]:
+        """The run's (prompt, sample) jobs over `prompts`, in input order (a shard's only)."""
+        return [(p, s) for p in prompts for s in range(self.options.samples) if self.holds(p, s)]
+
+    def record_words(self, prompt: Prompt, sample: int) -> dict[str, str]:
+        """The header words of one record that no other record shares (`new_tokens` aside)."""
+        words = {"prompt_sha256": prompt_hash(prompt.seq)}
+        if self.shard:
+            words["job"] = str(self.job_index(prompt, sample))
+        return words
+
+    def header(self, prompt: Prompt, sample: int, new_tokens: int) -> str:
         """A record's FASTA description: `evspark key=value ... new_tokens=N prompt=WHERE
-        rule=RULE` (`prompt=` the prompt's coordinates: ID, or RECORD:START-END). Words added
-        after the first release go last, so a parser of the older headers still reads them."""
-        later = {k: self.settings[k] for k in LATER_WORDS}
+        rule=RULE` (`prompt=` the prompt's coordinates: ID, or RECORD:START-END), and in a
+        shard `shard=I/N job=J` last. Words added after the first release go last, so a parser
+        of the older headers still reads them."""
+        later = {k: self.settings[k] for k in (*LATER_WORDS, *SHARD_WORDS) if k in self.settings}
+        own = self.record_words(prompt, sample)
         words = {**{k: v for k, v in self.settings.items() if k not in later},
-                 "prompt_sha256": prompt_hash(prompt.seq),
-                 "new_tokens": str(new_tokens), "prompt": prompt.coordinates, **later}
+                 "prompt_sha256": own.pop("prompt_sha256"),
+                 "new_tokens": str(new_tokens), "prompt": prompt.coordinates, **later, **own}
         return " ".join(["evspark", *(f"{k}={v}" for k, v in words.items())])
 
     def record_text(self, prompt: Prompt, letters: str) -> str:
         """What a record's sequence holds: the continuation, after the prompt if included."""
         return prompt.seq + letters if self.include_prompt else letters
 
+    def input_columns(self, prompt: Prompt, sample: int) -> dict[str, Any]:
+        """The stats columns that say where a job's prompt came from: the input's id for it,
+        its coordinates, the seed and the job's place in the run (io/shard.py)."""
+        return {"input_id": prompt.id, "region": prompt.coordinates, "seed": self.options.seed,
+                "job": self.job_index(prompt, sample)}
+
     def stats_row(self, prompt: Prompt, sample: int) -> dict[str, Any]:
         """The stats columns of a job's row that do not depend on timing."""
         spec = self.drafter is not None
-        return {"sample": sample, "prompt_len": len(prompt.seq),
+        return {**self.input_columns(prompt, sample), "sample": sample,
+                "prompt_len": len(prompt.seq),
                 "new_tokens": self.options.max_new_tokens,
                 "mode": "speculative" if spec else "native",
                 "drafter": drafter_name(self.drafter),

@@ -58,7 +58,9 @@ class RunSummary:
     tokens: int = 0
     rounds: int = 0
     accepted: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the passes' whole time: prefills, rounds and the rows' comings
+    decode_seconds: float = 0.0  # the rounds' time alone (the rows' `decode_s` added up)
+    prefill_seconds: float = 0.0  # the prompts' prefills (the rows' `prefill_s` added up)
     native_seconds: float = 0.0
     native_tokens: int = 0
     batch_size: int = 1
@@ -66,7 +68,9 @@ class RunSummary:
 
     @property
     def tokens_per_s(self) -> float | None:
-        return self.tokens / self.seconds if self.seconds > 0 else None
+        """Decoding tokens/s: new tokens over the rounds' time, prefills left out (the same
+        definition as the progress line's and each stats row's `tokens_per_s`)."""
+        return self.tokens / self.decode_seconds if self.decode_seconds > 0 else None
 
     @property
     def tau(self) -> float | None:
@@ -276,7 +280,8 @@ class GenerationRun:
         if res is None:
             return JobOutcome(job, error=error)
         stats = make_stats(job, res, drafter_name(drafter), self.options.gamma,
-                           nat if drafter is not None else None, ratio, self.options.rule)
+                           nat if drafter is not None else None, ratio, self.options.rule,
+                           self.batch_size)
         return JobOutcome(job, GenerateOutput(res.tokens, detokenize(res.tokens), stats, res,
                                               nat))
 
@@ -307,6 +312,8 @@ class GenerationRun:
                     summary.tokens += len(res.tokens)
                     summary.rounds += res.rounds
                     summary.accepted += sum(res.accepted)
+                    summary.decode_seconds += res.decode_s
+                    summary.prefill_seconds += res.prefill_s
                 t_out = time.perf_counter()
                 yield o.job, res, o.error
                 away += time.perf_counter() - t_out

@@ -239,7 +239,7 @@ def _read_regions(
     inputs: list[str], regions: list[str], tail: int | None, index_dir: str | None,
     iupac: str = "keep", cap: LengthCap | None = None,
     labels: Sequence[str | None] | None = None, only: tuple[int, int] | None = None,
-    strands: Sequence[str] | None = None,
+    strands: Sequence[str] | None = None, samples: int = 1,
 ) -> list[Prompt]:
     """Extract the regions, in the order given, looking each record up across all inputs; with
     a tail, only the tail of each region is fetched. `labels[i]`, when not None, names region
@@ -268,7 +268,7 @@ def _read_regions(
         given: set[tuple[str, str]] = set()
         for index, (text, label, side) in enumerate(zip(texts, names, sides)):
             called = label or f"region {text!r}"
-            ours = in_shard(index, only)
+            ours = in_shard(index, only, samples)
             region = resolve_region(text, owner.__contains__)
             src = owner.get(region.name)
             if src is None:
@@ -345,6 +345,7 @@ def read_prompts(
     region_labels: Sequence[str | None] | None = None,
     only: str | tuple[int, int] | None = None,
     region_strands: Sequence[str] | None = None,
+    samples: int = 1,
 ) -> list[Prompt]:
     """Read, validate and upper-case every record of every input (or only `regions`).
 
@@ -352,13 +353,15 @@ def read_prompts(
     given, with id `ID:START-END` (or `ID` for a whole record) and an empty description.
     `prompt_tail` keeps the last N bases (streaming: only those are held); without it a record
     longer than `cap` is refused as soon as it is read that far. U becomes T and `iupac`
-    (alphabet.py) says what the other ambiguity codes become. `shard` ("I/N") keeps every N-th
-    prompt from the I-th (io/shard.py). An empty record is an error, or with `keep_empty` a
-    prompt with no bases (io/prompts.py skips them with a warning); io/regions.py has the
-    region grammar. `region_labels[i]`, when given and not None, names region i in messages
-    (`regions.bed line 3`). The prompts outside the shard `only` (default: `shard`) are checked
-    as the others are but neither held nor held to `cap`, so a record too long for the model
-    fails only the shard that decodes it. Raises InputError with a one-line message.
+    (alphabet.py) says what the other ambiguity codes become. `shard` ("I/N") keeps the prompts
+    with a job in the shard, each prompt having `samples` jobs (io/shard.py; one sample: every
+    N-th prompt from the I-th); each prompt's `index` is its place before the shard. An empty
+    record is an error, or with `keep_empty` a prompt with no bases (io/prompts.py skips them
+    with a warning); io/regions.py has the region grammar. `region_labels[i]`, when given and
+    not None, names region i in messages (`regions.bed line 3`). The prompts outside the shard
+    `only` (default: `shard`) are checked as the others are but neither held nor held to
+    `cap`, so a record too long for the model fails only the shard that decodes it. Raises
+    InputError with a one-line message.
     """
     tail = check_tail(prompt_tail)
     check_iupac(iupac)
@@ -368,15 +371,18 @@ def read_prompts(
     _check_inputs(inputs)
     if regions:
         index = None if index_dir is None else os.fspath(index_dir)
-        return select_shard(_read_regions(inputs, list(regions), tail, index, iupac, cap,
-                                          region_labels, only_t, region_strands), shard_t)
+        got = _read_regions(inputs, list(regions), tail, index, iupac, cap, region_labels,
+                            only_t, region_strands, samples)
+        for i, p in enumerate(got):
+            p.index = i
+        return select_shard(got, shard_t, samples)
     prompts: list[Prompt] = []
     seen: dict[str, str] = {}
     for path in inputs:
         made: dict[str, _Checked] = {}
 
         def sink(rid: str, path: str = path) -> _Checked:
-            ours = in_shard(len(prompts), only_t)  # the index this record will have
+            ours = in_shard(len(prompts), only_t, samples)  # the index this record will have
             made[rid] = _Checked(f"record {rid!r} in {path}", iupac, iupac_key(rid),
                                  tail if ours else 1, cap if ours else None)
             return made[rid]
@@ -390,5 +396,5 @@ def read_prompts(
             span = (rid, checked.seen - len(seq) + 1, checked.seen) \
                 if len(seq) < checked.seen else None
             prompts.append(Prompt(rid, desc, seq, path, span=span,
-                                  soft_masked=checked.soft_masked))
-    return select_shard(prompts, shard_t)
+                                  soft_masked=checked.soft_masked, index=len(prompts)))
+    return select_shard(prompts, shard_t, samples)

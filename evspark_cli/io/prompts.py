@@ -58,12 +58,13 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
                  bed: str | None = None, literal: str | Sequence[str] | None = None,
                  prompt_tail: int | None = None, shard: str | None = None,
                  strict: bool = False, index_dir: str | None = None, iupac: str = "keep",
-                 cap: LengthCap | None = None) -> Prompts:
+                 cap: LengthCap | None = None, samples: int = 1) -> Prompts:
     """Every prompt of a run, in order: the `regions` then the BED file's regions when either
     is given, else every record; or the `literal` sequence alone. See the module docstring for
     warnings, empty records and `strict`; `iupac` and `cap` as for `fasta.read_prompts`.
     `literal` may be a list of what a repeated option gave: more than one is refused (none
-    would be silently dropped)."""
+    would be silently dropped). `shard` splits the run's (prompt, sample) jobs, `samples` a
+    prompt (io/shard.py): the prompts kept are those with a job in it."""
     inputs = list(inputs or [])
     literal = _one_literal(literal)
     if literal is not None:
@@ -71,7 +72,7 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
             raise SettingError("{0} takes the place of INPUT, {1} and {2}; give one or the "
                                "other", "literal", "regions", "bed")
         prompts = select_shard([literal_prompt(literal, prompt_tail, iupac)],
-                               parse_shard(shard) if shard is not None else None)
+                               parse_shard(shard) if shard is not None else None, samples)
         return _checked(Prompts(prompts), shard)
     if not inputs:
         raise SettingError("no input: give FASTA files (or '-' for stdin), or {0} SEQUENCE",
@@ -83,13 +84,16 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
         got = read_prompts(inputs, wanted, prompt_tail, index_dir=index_dir, iupac=iupac,
                            cap=cap, region_labels=labels, only=shard,
                            region_strands=["+"] * (len(wanted) - len(beds))
-                           + [b.strand for b in beds])
+                           + [b.strand for b in beds], samples=samples)
         n_plain = len(wanted) - len(beds)
         got = got[:n_plain] + name_bed_prompts(got[n_plain:], beds)
         _unique(got)
-        return _checked(Prompts(select_shard(got, parse_shard(shard) if shard else None)), shard)
+        for i, p in enumerate(got):
+            p.index = i
+        return _checked(Prompts(select_shard(got, parse_shard(shard) if shard else None,
+                                             samples)), shard)
     got = read_prompts(inputs, None, prompt_tail, shard=shard, keep_empty=True, iupac=iupac,
-                       cap=cap)
+                       cap=cap, samples=samples)
     empty = [p for p in got if not p.seq]
     if empty:
         first = f"record {empty[0].id!r} in {empty[0].source} is empty (no sequence)"

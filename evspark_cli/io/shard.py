@@ -1,10 +1,12 @@
-"""`--shard I/N`: split the prompts of one run across N independent processes or machines.
+"""`--shard I/N`: split the jobs of one run across N independent processes or machines.
 
-The split is round-robin by position: the item at 0-based index i (in input order, after regions
-and before any --resume skipping) belongs to shard (i mod N) + 1. So the N shards of the same
-input list are disjoint and together cover every item exactly once, each shard keeps the input
-order, and shard sizes differ by at most one (long and short records interleave, which balances
-the work better than contiguous blocks).
+A run's jobs are its (record, sample) pairs in input order (after regions, before any --resume
+skipping): job j = record r x samples + sample s. The split is round-robin: job j belongs to
+shard (j mod N) + 1. So the N shards of a run are disjoint and together cover every job exactly
+once, each keeps the input order, and their sizes differ by at most one (long and short records
+interleave, which balances the work better than contiguous blocks); with one sample per record
+a job is a record. A shard reads the records that have a job in it. `evspark merge` puts the
+shards' outputs back in the order of the unsharded run (io/merge.py).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import TypeVar
 
 from .streams import fail_setting
 
-__all__ = ["in_shard", "parse_shard", "select_shard"]
+__all__ = ["in_shard", "job_in_shard", "parse_shard", "select_shard"]
 
 T = TypeVar("T")
 _SHARD = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*")
@@ -36,15 +38,22 @@ def parse_shard(spec: str | tuple[int, int]) -> tuple[int, int]:
     return i, n
 
 
-def select_shard(items: Sequence[T], shard: tuple[int, int] | None) -> list[T]:
-    """The items of a shard (I, N) from `parse_shard`: index i goes to shard (i mod N) + 1;
-    None keeps everything."""
-    if shard is None:
-        return list(items)
-    i, n = shard
-    return list(items[i - 1 :: n])
+def select_shard(items: Sequence[T], shard: tuple[int, int] | None, samples: int = 1) -> list[T]:
+    """The records of a shard (I, N) from `parse_shard`: those with a job in it, when each has
+    `samples` jobs (`in_shard`); None keeps everything."""
+    return [x for i, x in enumerate(items) if in_shard(i, shard, samples)]
 
 
-def in_shard(index: int, shard: tuple[int, int] | None) -> bool:
-    """Whether the item at 0-based `index` belongs to `shard` (None: every item does)."""
-    return shard is None or index % shard[1] == shard[0] - 1
+def job_in_shard(record: int, sample: int, shard: tuple[int, int] | None,
+                 samples: int = 1) -> bool:
+    """Whether job (`record`, `sample`) of a run with `samples` per record (0-based indices)
+    belongs to `shard` (None: every job does)."""
+    return shard is None or (record * samples + sample) % shard[1] == shard[0] - 1
+
+
+def in_shard(index: int, shard: tuple[int, int] | None, samples: int = 1) -> bool:
+    """Whether the record at 0-based `index` has a job in `shard`, `samples` jobs a record."""
+    samples = max(samples, 1)  # a count of 0 is refused with the other settings
+    if shard is None or samples >= shard[1]:
+        return True
+    return any(job_in_shard(index, s, shard, samples) for s in range(samples))

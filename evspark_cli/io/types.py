@@ -27,6 +27,7 @@ class Prompt:
     #                                           `seq` is not the whole record `id`
     soft_masked: bool = False  # the input had lower-case bases (upper-cased here)
     strand: str = "+"  # "-": `seq` is the reverse complement of the bases at `span`
+    index: int = 0  # its place among the run's prompts before --shard: which jobs a shard holds
 
     @property
     def random_key(self) -> str:

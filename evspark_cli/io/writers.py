@@ -14,21 +14,22 @@ import math
 import os
 import re
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import InputError, RunError, SettingError, literal
 from ..files import Output, RunInput, atomic_path, check_distinct, write_stdout
+from .compressed import fai_text, gzi_bytes, is_compressed, plain_name, write_bgzf
 
 try:  # POSIX: refuse two processes appending to the same partial file
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["check_output_path", "check_distinct_outputs", "fasta_letters", "write_text_atomic",
-           "atomic_path", "FastaOutput", "StatsOutput", "PARTIAL_SUFFIX", "kept_partials",
-           "forget_partials"]
+__all__ = ["check_output_path", "check_distinct_outputs", "check_fasta_index", "fasta_letters",
+           "write_text_atomic", "atomic_path", "FastaOutput", "StatsOutput", "PARTIAL_SUFFIX",
+           "kept_partials", "forget_partials"]
 
 PARTIAL_SUFFIX = ".partial"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -86,6 +87,18 @@ def check_output_path(path: str | None) -> None:
         raise InputError(f"{path}: output directory {parent} is not writable")
 
 
+def check_fasta_index(path: str | None, index: bool) -> list[tuple[str, str | None]]:
+    """The index files (option, path) a FASTA output named `path` gets with `index`, for
+    `check_distinct_outputs`; an index of standard output is refused."""
+    if not index:
+        return []
+    if _is_stdout(path):
+        raise SettingError.of("index", "needs an output file (-o): standard output has no index")
+    assert path is not None
+    return [("--index", path + ".fai")] + ([("--index", path + ".gzi")]
+                                           if is_compressed(path) else [])
+
+
 def check_distinct_outputs(inputs: Sequence[RunInput] | None,
                            outputs: Sequence[tuple[str, str | None]]) -> None:
     """Outputs (option, path), each written through `PATH.partial`, must not be an input (it
@@ -120,10 +133,14 @@ class _PartialOutput:
     their ids), and call `_emit(text, record_id)` once per record.
     """
 
-    def __init__(self, path: str | None, resume: bool = False, resumable: bool = True) -> None:
+    def __init__(self, path: str | None, resume: bool = False, resumable: bool = True,
+                 index: bool = False) -> None:
         """`resumable=False`: the run's other output goes to standard output, so no --resume
-        can continue this one; a partial it left is refused as such (delete it)."""
+        can continue this one; a partial it left is refused as such (delete it). `index`:
+        also write the `.fai` (and `.gzi`) of the finished file (a FASTA)."""
         self.path: str | None = None if _is_stdout(path) else path
+        self.compressed = is_compressed(self.path)  # a .gz/.bgz name: the file is BGZF
+        self.index = index  # write OUTPUT.fai (and OUTPUT.gzi when compressed): FASTA only
         self.resumable = resumable
         self.partial: str | None = None
         self.done_ids: set[str] = set()
@@ -294,7 +311,10 @@ class _PartialOutput:
             os.fsync(self._fd)
             if not self._still_ours():
                 raise self._lost()
-            if order is not None and self._reorder(order):
+            if self.compressed or self.index:
+                self._publish(order)
+                os.unlink(self.partial)  # its records are in OUTPUT
+            elif order is not None and self._reorder(order):
                 os.unlink(self.partial)  # its records are in OUTPUT, in order
             else:
                 os.replace(self.partial, self.path)
@@ -314,29 +334,50 @@ class _PartialOutput:
         except OSError:
             pass
 
-    def _reorder(self, order: Sequence[str]) -> bool:
-        """Write OUTPUT from the partial with its records in `order` (ids not in it keep their
-        place after those that are); False when they already are in that order."""
-        assert self.partial is not None and self.path is not None
-        with open(self.partial, "rb") as f:
-            data = f.read()
+    def _ordered(self, data: bytes, order: Sequence[str] | None) -> bytes | None:
+        """The partial's bytes with its records in `order` (ids not in it keep their place after
+        those that are); None when they already are in that order."""
+        if order is None:
+            return None
         records = self._records(data)
         rank = {rid: i for i, rid in enumerate(order)}
         now = [rid for rid, _, _ in records]
         wanted = sorted(now, key=lambda rid: (rank.get(rid, len(rank)), now.index(rid)))
         if wanted == now:
-            return False
+            return None
         spans = {rid: data[a:b] for rid, a, b in records}
         head = data[: records[0][1]] if records else data
-        tmp = f"{self.path}.ordered.{os.getpid()}{PARTIAL_SUFFIX}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o666)
-        try:
-            os.write(fd, head + b"".join(spans[rid] for rid in wanted))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        return head + b"".join(spans[rid] for rid in wanted)
+
+    def _reorder(self, order: Sequence[str]) -> bool:
+        """Write OUTPUT from the partial with its records in `order`; False when they already
+        are in that order (the partial can simply be renamed)."""
+        assert self.partial is not None and self.path is not None
+        with open(self.partial, "rb") as f:
+            data = self._ordered(f.read(), order)
+        if data is None:
+            return False
+        _replace_with(self.path, lambda fd: _write_all(fd, data))
         return True
+
+    def _publish(self, order: Sequence[str] | None) -> None:
+        """Write OUTPUT from the partial, records in `order`: BGZF for a compressed name, then
+        the indexes asked for (written after OUTPUT, so that they are never older than it)."""
+        assert self.partial is not None and self.path is not None
+        with open(self.partial, "rb") as f:
+            data = f.read()
+        data = self._ordered(data, order) or data
+        blocks: list[tuple[int, int]] = []
+        if self.compressed:
+            _replace_with(self.path, lambda fd: blocks.extend(write_bgzf(fd, data)))
+        else:
+            _replace_with(self.path, lambda fd: _write_all(fd, data))
+        if self.index:
+            fai = fai_text(data).encode("utf-8")
+            _replace_with(self.path + ".fai", lambda fd: _write_all(fd, fai))
+            if self.compressed:
+                gzi = gzi_bytes(blocks)
+                _replace_with(self.path + ".gzi", lambda fd: _write_all(fd, gzi))
 
     def _records(self, data: bytes) -> list[tuple[str, int, int]]:
         """(id, start, end) of every record in a complete partial's bytes, in file order."""
@@ -402,6 +443,28 @@ class _PartialOutput:
             _UNFINISHED.pop(os.path.abspath(self.partial), None)
 
 
+def _replace_with(path: str, write: Callable[[int], object]) -> None:
+    """`path` replaced, atomically, by a file `write(fd)` fills (fsynced before the rename)."""
+    tmp = f"{path}.{os.getpid()}.tmp{PARTIAL_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o666)
+    try:
+        write(fd)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _read_all(fd: int) -> bytes:
     """The whole file behind `fd`, from its start (without moving an O_APPEND writer)."""
     chunks, offset = [], 0
@@ -463,13 +526,17 @@ def _split_lines(data: bytes) -> list[tuple[int, int, bool]]:
 class FastaOutput(_PartialOutput):
     """Generated sequences as FASTA, `line_width` letters per line (0 = one line per record)."""
 
-    def __init__(self, path: str | None, line_width: int = 60, resume: bool = False) -> None:
+    def __init__(self, path: str | None, line_width: int = 60, resume: bool = False,
+                 index: bool = False) -> None:
+        """`index`: also write `PATH.fai` (and `PATH.gzi` for a `.gz`/`.bgz` name, which is
+        written as BGZF), as `samtools faidx` would."""
         if isinstance(line_width, bool) or not isinstance(line_width, int) or line_width < 0:
             raise SettingError.of("line_width", "must be an integer >= 0 (0 = no wrapping), "
                                                 f"got {line_width!r}")
         self.line_width = line_width
         self.done_descriptions: dict[str, str] = {}  # header text after the id, per resumed record
-        super().__init__(path, resume)
+        check_fasta_index(path, index)
+        super().__init__(path, resume, index=index)
 
     def write(self, record_id: str, description: str, seq: str) -> None:
         """Append one complete record (durably, when writing to a file)."""
@@ -637,9 +704,10 @@ class StatsOutput(_PartialOutput):
             self.format = "tsv"
         else:
             assert path is not None
-            ext = os.path.splitext(path)[1].lower()
+            ext = os.path.splitext(plain_name(path))[1].lower()
             if ext not in (".tsv", ".jsonl"):
-                raise SettingError.of("stats", f"{path}: use a .tsv or .jsonl file name")
+                raise SettingError.of("stats", f"{path}: use a .tsv or .jsonl file name (.gz "
+                                               "for a compressed one)")
             self.format = ext[1:]
         super().__init__(path, resume, resumable)
         if self.path is None:

@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from .. import defaults
 from ..bundled import default_model_dir
 from ..errors import InputError, ModelError
 from .config import ModelConfig
@@ -130,7 +131,7 @@ def model_folder(path: str | Path | None) -> Path:
     return folder
 
 
-def load_model(path: str | Path | None = None, device: str | None = "cpu",
+def load_model(path: str | Path | None = None, device: str | None = defaults.DEVICE,
                dtype: str | torch.dtype | None = None, cuda_graphs: bool = True,
                compile: bool = False, max_memory: str | int | None = None,
                config: ModelConfig | None = None) -> StripedHyena:

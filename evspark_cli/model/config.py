@@ -56,6 +56,14 @@ class ModelConfig:
     # EvSpark additions
     hidden_layers: list[int] | None = None  # residual-stream outputs exposed to drafters
     prefill_chunk: int = 8192  # tokens per chunk of a long prefill (bounds memory)
+    trained_context: int | None = None  # the longest window it was trained on (None: as long
+    #                                     as max_seqlen, as an Evo 2 config's context is)
+
+    @property
+    def known_context(self) -> int:
+        """The longest prompt the model was trained to read: longer ones run (up to
+        max_seqlen) but are extrapolation, and a run warns about them."""
+        return min(self.trained_context or self.max_seqlen, self.max_seqlen)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -134,6 +142,10 @@ class ModelConfig:
             v = fields[name]
             if not _is_int(v) or v < 1:
                 raise ModelError(f"config: {name} must be an integer >= 1, got {_short(v)}")
+        if self.trained_context is not None and (not _is_int(self.trained_context)
+                                                 or self.trained_context < 1):
+            raise ModelError("config: trained_context must be null or an integer >= 1, got "
+                             f"{_short(self.trained_context)}")
         if self.inner_mlp_size is not None and (not _is_int(self.inner_mlp_size)
                                                 or self.inner_mlp_size < 1):
             raise ModelError("config: inner_mlp_size must be null or an integer >= 1, got "

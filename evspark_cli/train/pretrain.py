@@ -331,7 +331,13 @@ class Trainer:
         return losses
 
     def export(self, dest: str | Path | None = None) -> Path:
+        """The model folder, its config recording the window it was trained on (runs warn
+        about prompts longer than that)."""
+        import dataclasses
+
         self.model.eval()
+        self.model.config = dataclasses.replace(self.model.config,
+                                                trained_context=self.cfg.window)
         return save_model(self.model.cpu(), dest or self.out / "model")
 
 

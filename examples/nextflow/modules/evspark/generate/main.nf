@@ -9,7 +9,8 @@ process EVSPARK_GENERATE {
     label 'process_medium'
 
     conda "${moduleDir}/environment.yml"
-    // built from the repository: docker build --build-context shared=../shared -t evspark:0.1.0 .
+    // built from the repository: docker build -t evspark:0.1.0 . (the workflow's profiles name
+    // their image with a withName selector, which outranks this directive)
     container "evspark:0.1.0"
 
     input:

@@ -1,0 +1,20 @@
+"""The defaults of the settings the command line and the Python API share, in one place, so
+that `evs.generate(model, prompt)` and `evspark generate --prompt PROMPT` ask for the same run.
+
+Torch-free: the command line reads them for its options before anything heavy is imported.
+`verify` checks 256 tokens by default (a check, not a run), its one difference.
+"""
+from __future__ import annotations
+
+MAX_NEW_TOKENS = 1024
+GAMMA = 12
+TEMPERATURE = 1.0
+TOP_K = 4
+TOP_P = 1.0
+SEED = 0
+SAMPLES = 1
+DRAFTER = "auto"
+ROLLBACK = "slice"
+RULE = "residual"
+DRAFT_LENGTH = "fixed"
+DEVICE = "auto"
