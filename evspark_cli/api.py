@@ -79,7 +79,8 @@ def generate(model: StripedHyena, prompt: str | Sequence[int],
              rollback: str = defaults.ROLLBACK, record: int = 0, sample: int = 0,
              record_id: str = "prompt", compare_native: bool = False,
              force_drafter: bool = False, rule: str = defaults.RULE,
-             draft_length: str = defaults.DRAFT_LENGTH) -> GenerateOutput:
+             draft_length: str = defaults.DRAFT_LENGTH,
+             alphabet: str = defaults.ALPHABET) -> GenerateOutput:
     """Continue `prompt` by `max_new_tokens` tokens; lossless whatever the drafter. `prompt`
     is checked as the command line checks `--prompt`: IUPAC letters in any case, upper-cased
     (U read as T, ambiguity codes kept), or a sequence of integer token ids; anything else is
@@ -89,9 +90,11 @@ def generate(model: StripedHyena, prompt: str | Sequence[int],
     `rule="coupled"` draws tokens by Gumbel-max, so sampled output equals native sampling of the
     same seed token for token (decode/sampling.py); "residual" is lossless in distribution.
     `draft_length="confidence"` (greedy or coupled) verifies, each round, as many drafts as
-    the drafter's confidence and the measured block cost make worth it (decode/schedule.py)."""
+    the drafter's confidence and the measured block cost make worth it (decode/schedule.py).
+    `alphabet="acgt"` draws only A, C, G and T (on both paths: still lossless)."""
     options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed,
-                            rollback=rollback, rule=rule, draft_length=draft_length)
+                            rollback=rollback, rule=rule, draft_length=draft_length,
+                            alphabet=alphabet)
     rec = Record(record_id, prompt_ids(prompt, model.config.vocab_size), record)
     return _run(model, [rec], options, drafter, force_drafter, 1, None, compare_native,
                 samples=range(sample, sample + 1))[0]
@@ -107,8 +110,8 @@ def generate_many(model: StripedHyena,
                   seed: int = defaults.SEED, rollback: str = defaults.ROLLBACK,
                   force_drafter: bool = False, max_memory: str | int | None = None,
                   on_round: Callable[[RoundReport], None] | None = None,
-                  rule: str = defaults.RULE, draft_length: str = defaults.DRAFT_LENGTH
-                  ) -> list[GenerateOutput]:
+                  rule: str = defaults.RULE, draft_length: str = defaults.DRAFT_LENGTH,
+                  alphabet: str = defaults.ALPHABET) -> list[GenerateOutput]:
     """Continue every prompt `samples` times, `batch_size` rows at a time (None: the device's
     default, fewer if memory is short): one output per (prompt, sample), in input order.
 
@@ -120,7 +123,7 @@ def generate_many(model: StripedHyena,
     say), the others still run and a GenerationError is raised with every finished output
     (`error.outputs`, None where a job failed) and the failures (`error.errors`, by index)."""
     options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed, samples,
-                            rollback, rule, draft_length)
+                            rollback, rule, draft_length, alphabet)
     records = Record.listed(prompts, model.config.vocab_size)
     return _run(model, records, options, drafter, force_drafter, batch_size, max_memory,
                 on_round=on_round)

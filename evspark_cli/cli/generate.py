@@ -34,6 +34,7 @@ from .generate_options import (
 )
 from .meter import GenerationMeter, prefill_work, summary_line
 from .options import (
+    AlphabetOpt,
     BatchSizeOpt,
     CompileOpt,
     DeviceOpt,
@@ -95,6 +96,7 @@ def generate(
     gamma: int = GammaOpt,
     rule: str = RuleOpt,
     draft_length: str = DraftLengthOpt,
+    alphabet: str = AlphabetOpt,
     rollback: str = RollbackOpt,
     force_drafter: bool = ForceDrafterOpt,
     compare_native: bool = CompareNativeOpt,
@@ -130,7 +132,7 @@ def generate(
         from ..io.shard import parse_shard
 
         options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k,
-                                top_p, seed, samples, rollback, rule, draft_length)
+                                top_p, seed, samples, rollback, rule, draft_length, alphabet)
         used = use_threads(threads)
         model, d = model_and_drafter(model_dir, prompts, options, drafter, force_drafter,
                                      device=device, dtype=dtype, cuda_graphs=cuda_graphs,

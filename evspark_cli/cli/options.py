@@ -61,6 +61,9 @@ RuleOpt = option(defaults.RULE, "--rule", panel=SPECULATION_PANEL,
                  help="How tokens are drawn: residual (lossless in distribution) or coupled "
                  "(Gumbel-max: sampled output equals native sampling of the same seed, token for "
                  "token, whatever the drafter, gamma or batch).")
+AlphabetOpt = option(defaults.ALPHABET, "--alphabet", panel=SAMPLING_PANEL,
+                     help="all (every token of the vocabulary, as Evo 2 samples) or acgt (only "
+                     "A, C, G and T are drawn, on both paths: still lossless).")
 DraftLengthOpt = option(defaults.DRAFT_LENGTH, "--draft-length", panel=SPECULATION_PANEL,
                         help="fixed (--gamma drafts every round) or confidence (each round "
                         "verifies as many drafts as the drafter's confidence and the measured "

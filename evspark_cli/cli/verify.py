@@ -17,6 +17,7 @@ from .options import (
     PERFORMANCE_PANEL,
     SAMPLING_PANEL,
     SPECULATION_PANEL,
+    AlphabetOpt,
     CompileOpt,
     DeviceOpt,
     DraftLengthOpt,
@@ -86,6 +87,7 @@ def verify(
     seed: int = SeedOpt,
     rule: str = RuleOpt,
     draft_length: str = DraftLengthOpt,
+    alphabet: str = AlphabetOpt,
     region: Optional[List[str]] = RegionOpt,
     regions: Optional[str] = RegionsOpt,
     prompt_tail: Optional[int] = TailOpt,
@@ -120,7 +122,7 @@ def verify(
 
     options = VerifyOptions(DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed,
                                           rollback=rollback, rule=rule,
-                                          draft_length=draft_length),
+                                          draft_length=draft_length, alphabet=alphabet),
                             tie_tolerance, batch_size)
     inputs = inputs or [str(example_prompts())]
     if report:

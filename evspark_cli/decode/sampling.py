@@ -48,6 +48,8 @@ __all__ = [
 _FP32_MAX = torch.finfo(torch.float32).max
 
 RULES = ("residual", "coupled")
+ALPHABETS = ("all", "acgt")
+"""What sampling may draw: every token of the vocabulary (as Evo 2 samples), or only A/C/G/T."""
 """How a token is drawn from p̃ (the module docstring); `residual` is the default."""
 
 
@@ -62,6 +64,7 @@ class SamplerConfig:
     top_k: int = 4
     top_p: float = 1.0
     rule: str = "residual"  # how tokens are drawn from p̃: one of RULES
+    alphabet: str = "all"  # "acgt": only A, C, G and T can be drawn (ALPHABETS)
 
     @property
     def greedy(self) -> bool:
@@ -90,6 +93,9 @@ class SamplerConfig:
         # which would keep no token at all
         if self.rule not in RULES:
             raise SettingError.of("rule", f"must be {' or '.join(RULES)}, got {self.rule!r}")
+        if self.alphabet not in ALPHABETS:
+            raise SettingError.of("alphabet", f"must be {' or '.join(ALPHABETS)}, got "
+                                              f"{self.alphabet!r}")
         tiny = torch.finfo(torch.float32).tiny
         if p < tiny:
             raise SettingError.of("top_p", f"must be at least {tiny:.2g} (the smallest "
@@ -116,6 +122,13 @@ def argmax_lowest(logits: Tensor) -> Tensor:
     Logits are scrubbed first so a NaN cannot win.
     """
     return torch.argmax(scrub_logits(logits), dim=-1)
+
+
+def _acgt_mask(x: Tensor) -> Tensor:
+    """The vocabulary entries (last dim of `x`) of the four bases A, C, G, T (byte tokens)."""
+    allowed = torch.zeros(x.shape[-1], dtype=torch.bool, device=x.device)
+    allowed[list(b"ACGT")] = True
+    return allowed
 
 
 def _top_k_mask(x: Tensor, k: int) -> Tensor:
@@ -153,10 +166,15 @@ def sampler_probs(logits: Tensor, cfg: SamplerConfig) -> Tensor:
     """
     cfg.validate()
     x = scrub_logits(logits)
-    if cfg.greedy:
-        hot = torch.nn.functional.one_hot(argmax_lowest(x), x.shape[-1])
+    acgt = cfg.alphabet == "acgt" and x.shape[-1] > max(b"ACGT")  # (not a 4-letter drafter's)
+    if acgt:  # every other token below the lowest logit there can be
+        x = x.masked_fill(~_acgt_mask(x), -math.inf)
+    if cfg.greedy:  # x is scrubbed: the first (lowest) index of the largest value wins
+        hot = torch.nn.functional.one_hot(torch.argmax(x, dim=-1), x.shape[-1])
         return hot.to(x.dtype)
     keep = _top_k_mask(x, cfg.top_k)
+    if acgt:
+        keep = keep & _acgt_mask(x)
     z = x
     if cfg.temperature != 1.0:  # x / 1 is x: skip two ops per call at Evo 2's default
         big = torch.finfo(x.dtype).max

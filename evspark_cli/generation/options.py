@@ -66,6 +66,7 @@ class DecodeOptions:
     rollback: str = defaults.ROLLBACK
     rule: str = defaults.RULE  # how tokens are drawn from p̃: residual or coupled (sampling.py)
     draft_length: str = defaults.DRAFT_LENGTH  # fixed, or confidence (decode/schedule.py)
+    alphabet: str = defaults.ALPHABET  # all, or acgt: what sampling may draw (sampling.py)
 
     def __post_init__(self) -> None:
         _integer("max_new_tokens", self.max_new_tokens)
@@ -100,7 +101,7 @@ class DecodeOptions:
 
     @property
     def sampler(self) -> SamplerConfig:
-        return SamplerConfig(self.temperature, self.top_k, self.top_p, self.rule)
+        return SamplerConfig(self.temperature, self.top_k, self.top_p, self.rule, self.alphabet)
 
     @property
     def largest_draft(self) -> int:

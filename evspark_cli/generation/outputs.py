@@ -17,7 +17,7 @@ from ..decode.jobs import Job
 from ..errors import SettingError
 from ..io.types import Prompt
 from ..io.writers import FastaOutput, StatsOutput, fasta_letters
-from .records import LATER_WORDS, SHARD_WORDS, RecordScheme
+from .records import LATER_WORDS, OPTIONAL_WORDS, RecordScheme
 from .results import STATS_COLUMNS, JobOutcome
 
 
@@ -58,10 +58,10 @@ def open_outputs(scheme: RecordScheme, prompts: Sequence[Prompt], output: str | 
     fasta = FastaOutput(output, line_width=line_width, resume=resume, index=index)
     stat_out: StatsOutput | None = None
     try:
-        want = {**SHARD_WORDS, **scheme.settings,
+        want = {**OPTIONAL_WORDS, **scheme.settings,
                 "new_tokens": str(scheme.options.max_new_tokens)}
         fasta.check_resumed(want, {i: scheme.record_words(p, s) for i, (p, s) in by_id.items()},
-                            {**LATER_WORDS, **SHARD_WORDS})
+                            {**LATER_WORDS, **OPTIONAL_WORDS})
         if stats:
             # with the FASTA on standard output nothing can be resumed: a stats partial is
             # kept (it holds the rows of the records written) but not offered to --resume

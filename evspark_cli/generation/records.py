@@ -43,10 +43,11 @@ def prompt_hash(seq: str) -> str:
 LATER_WORDS = {"rule": "residual"}
 """Header words added after the first release (written last), with the value a header without
 one stands for: `--resume` of an older `.partial` reads it so."""
-SHARD_WORDS = {"shard": "none"}
-"""The run-wide word only a shard's headers carry (`shard=I/N`, then the record's `job=J`, its
-place in the unsharded run: what `evspark merge` orders by and removes), and what a header
-without it stands for."""
+OPTIONAL_WORDS = {"alphabet": "all", "shard": "none"}
+"""Run-wide words a header carries only when they are not their default (the default is what a
+header without one stands for): `alphabet=acgt`, and a shard's `shard=I/N`, after which comes
+the record's `job=J`, its place in the unsharded run (what `evspark merge` orders by and
+removes along with `shard=`)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class RecordScheme:
                 "include_prompt": "yes" if self.include_prompt else "no",
                 "prompt_tail": str(self.prompt_tail) if self.prompt_tail else "none",
                 "iupac": self.iupac, "rule": sampler.rule,
+                **({"alphabet": sampler.alphabet} if sampler.alphabet != "all" else {}),
                 **({"shard": f"{self.shard[0]}/{self.shard[1]}"} if self.shard else {})}
 
     def job_index(self, prompt: Prompt, sample: int) -> int:
@@ -105,10 +107,12 @@ class RecordScheme:
 
     def header(self, prompt: Prompt, sample: int, new_tokens: int) -> str:
         """A record's FASTA description: `evspark key=value ... new_tokens=N prompt=WHERE
-        rule=RULE` (`prompt=` the prompt's coordinates: ID, or RECORD:START-END), and in a
-        shard `shard=I/N job=J` last. Words added after the first release go last, so a parser
-        of the older headers still reads them."""
-        later = {k: self.settings[k] for k in (*LATER_WORDS, *SHARD_WORDS) if k in self.settings}
+        rule=RULE` (`prompt=` the prompt's coordinates: ID, or RECORD:START-END), then
+        `alphabet=acgt` when sampling was restricted, and in a shard `shard=I/N job=J` last.
+        Words added after the first release go last, so a parser of the older headers still
+        reads them."""
+        later = {k: self.settings[k] for k in (*LATER_WORDS, *OPTIONAL_WORDS)
+                 if k in self.settings}
         own = self.record_words(prompt, sample)
         words = {**{k: v for k, v in self.settings.items() if k not in later},
                  "prompt_sha256": own.pop("prompt_sha256"),
