@@ -15,6 +15,7 @@ from .decode.drafters.base import Drafter
 from .decode.drafters.registry import resolve_drafter
 from .decode.jobs import RoundReport
 from .errors import GenerationError, at_least
+from .eval.score import ScoreResult, check_logits_format, check_score_windows, score_record
 from .generation.jobs import Record, build_jobs, check_job_count, prompt_ids
 from .generation.options import DecodeOptions, check_context, check_gamma
 from .generation.plan import plan_batch
@@ -22,7 +23,7 @@ from .generation.results import GenerateOutput
 from .generation.run import GenerationRun
 from .model.model import StripedHyena
 
-__all__ = ["GenerateOutput", "generate", "generate_many", "set_threads"]
+__all__ = ["GenerateOutput", "ScoreResult", "generate", "generate_many", "score", "set_threads"]
 
 
 def set_threads(threads: int) -> Threads:
@@ -127,3 +128,29 @@ def generate_many(model: StripedHyena,
     records = Record.listed(prompts, model.config.vocab_size)
     return _run(model, records, options, drafter, force_drafter, batch_size, max_memory,
                 on_round=on_round)
+
+
+def score(model: StripedHyena, prompt: str | Sequence[int], context: int | None = None,
+          window: int | None = None, per_base: bool = False, keep_logits: bool = False,
+          logits_columns: str = "all", logits_dtype: str = "float32",
+          max_memory: str | int | None = None) -> ScoreResult:
+    """Teacher-forced log-likelihood of `prompt`, as `evspark score` computes a record's row:
+    bits per nucleotide, the total log-likelihood in nats over the scored positions (every base
+    but the first), with `per_base` each of those bases' log-likelihood, with `keep_logits` the
+    logits that predict them (`logits_columns` all or acgt, `logits_dtype`). `context` and
+    `window` default as the command's do (8,192 each, within the model's context), and passes
+    that would not fit in memory (or `max_memory`) are refused before any work."""
+    from .limits import score_windows
+    from .model.memory import run_budget
+
+    check_score_windows(1 if context is None else context, 1 if window is None else window)
+    check_logits_format(logits_columns, logits_dtype)
+    ids = prompt_ids(prompt, model.config.vocab_size)
+    budget = run_budget(model.device, max_memory, model.num_parameters() * 4)
+    context, window = score_windows(model.config, context, window, [len(ids)], keep_logits,
+                                    budget)
+    import torch
+
+    return score_record(model, torch.tensor(ids, dtype=torch.long), context, window,
+                        keep_logits, per_base, logits_columns=logits_columns,
+                        logits_dtype=logits_dtype)

@@ -629,7 +629,7 @@ def test_score_tsv_and_logits(tmp_path, model, recs):
     tsv, lg = tmp_path / "s.tsv", tmp_path / "l.safetensors"
     ok(["score", src, "--model", model, *FAST, "-o", tsv, "--logits", lg])
     lines = tsv.read_text().splitlines()
-    assert lines[0].split("\t") == ["record_id", "length", "bits_per_nt"]
+    assert lines[0].split("\t") == ["record_id", "length", "bits_per_nt", "total_ll", "scored"]
     rows = {ln.split("\t")[0]: ln.split("\t") for ln in lines[1:]}
     assert list(rows) == ["phix", "r2", "odd"]
     assert int(rows["phix"][1]) == 200 and int(rows["r2"][1]) == len(recs["r2"])

@@ -6,6 +6,7 @@ record that fails is reported and skipped, and the others stay for `--resume`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
@@ -25,6 +26,7 @@ from .options import (
     StrictOpt,
     TailOpt,
     ThreadsOpt,
+    option,
 )
 from .progress import Progress
 
@@ -43,8 +45,15 @@ def score(
     inputs: List[str] = typer.Argument(..., metavar="INPUT...", help="FASTA files or '-'."),
     model_dir: Optional[str] = ModelOpt,
     output: Optional[str] = typer.Option(None, "-o", "--output", help="TSV (default stdout)."),
-    logits: Optional[str] = typer.Option(None, "--logits", help="Also save fp32 logits of every "
-                                         "position (.safetensors, one tensor per record)."),
+    logits: Optional[str] = typer.Option(None, "--logits", help="Also save the logits of every "
+                                         "scored position (.safetensors, one tensor per "
+                                         "record)."),
+    logits_columns: str = option("all", "--logits-columns", help="all (every vocabulary "
+                                 "entry) or acgt (A, C, G, T: 128x smaller)."),
+    logits_dtype: str = option("float32", "--logits-dtype", help="float32, float16 or "
+                               "bfloat16."),
+    bedgraph: Optional[str] = option(None, "--bedgraph", help="Also write each base's "
+                                     "surprisal (bits) as a bedGraph track."),
     context: Optional[int] = typer.Option(None, "--context", help="Each scored base sees at "
                                           "least this many preceding bases (where the record "
                                           "has them). Default: 8192, or half the model's "
@@ -71,7 +80,7 @@ def score(
 
     Rows are written as records finish, to OUTPUT.partial (renamed when every record is done):
     a record that fails is reported and skipped, and the others stay for `--resume`."""
-    from ..eval.score import check_score_windows
+    from ..eval.score import check_logits_format, check_score_windows
     from ..files import Output, check_distinct
     from ..io.writers import PARTIAL_SUFFIX, check_output_path
     from ..limits import run_inputs, score_cap, score_windows
@@ -79,10 +88,12 @@ def score(
     from ..model.memory import memory_budget, run_budget
 
     check_score_windows(1 if context is None else context, 1 if window is None else window)
-    for path in (output, logits):
+    check_logits_format(logits_columns, logits_dtype)
+    for path in (output, logits, bedgraph):
         check_output_path(path)
     check_distinct(run_inputs(inputs, regions, model_dir),
-                   [Output("--output", output, (PARTIAL_SUFFIX,)), Output("--logits", logits)])
+                   [Output("--output", output, (PARTIAL_SUFFIX,)), Output("--logits", logits),
+                    Output("--bedgraph", bedgraph)])
     budget = memory_budget(resolve_device(device), max_memory)
     got = read_input(inputs, region, regions, prompt_tail, shard, strict, iupac=iupac,
                      cap=score_cap(budget))
@@ -96,8 +107,12 @@ def score(
         left = run_budget(model.device, max_memory, model.num_parameters() * 4)
         context, window = score_windows(model.config, context, window,
                                         [len(p.seq) for p in got.prompts], bool(logits), left)
-        failed, partial = _score_all(model, got.prompts, context, window, output, logits,
-                                     resume, prog)
+        extras = Extras(logits, logits_columns, logits_dtype, bedgraph)
+        try:
+            failed, partial = _score_all(model, got.prompts, context, window, output, extras,
+                                         resume, prog)
+        except _Failed as e:
+            failed, partial = e.failed, e.partial
     n = len(got.prompts)
     skipped = f", {len(got.skipped)} empty records skipped" if got.skipped else ""
     prog.summary(f"evspark: score: {n - len(failed)} of {n} records scored, "
@@ -109,14 +124,30 @@ def score(
              f"{kept}", 1)
 
 
+@dataclass(frozen=True)
+class Extras:
+    """What a score run writes beside its rows: logits (which columns, what dtype), a track."""
+
+    logits: str | None
+    columns: str
+    dtype: str
+    bedgraph: str | None
+
+
 def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window: int,
-               output: str | None, logits: str | None, resume: bool, prog: Progress
+               output: str | None, extras: Extras, resume: bool, prog: Progress
                ) -> tuple[list[str], str | None]:
     """Score every prompt (rows written as they finish): the ids of the records that failed
-    (each reported as it fails) and, if any did, the .partial that keeps the others."""
+    (each reported as it fails) and, if any did, the .partial that keeps the others. The
+    logits and the track are written when every record is scored (a resumed run scores the
+    finished records again for them)."""
+    import contextlib
+
     import torch
 
     from ..eval import score as scoring
+    from ..files import atomic_path
+    from ..io.bedgraph import TRACK_LINE, write_track
     from ..io.compressed import plain_name
     from ..io.writers import StatsOutput
     from ..model.tokenizer import tokenize_tensor
@@ -124,17 +155,28 @@ def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window:
     fmt = "jsonl" if output and plain_name(output).lower().endswith(".jsonl") else "tsv"
     saved: dict[str, torch.Tensor] = {}
     failed: list[str] = []
-    with StatsOutput(output, scoring.SCORE_COLUMNS, resume=resume, fmt=fmt) as rows:
+    again = bool(extras.logits or extras.bedgraph)  # a resumed record is scored again for them
+    with contextlib.ExitStack() as stack:
+        rows = stack.enter_context(StatsOutput(output, scoring.SCORE_COLUMNS, resume=resume,
+                                               fmt=fmt))
+        track = None
+        if extras.bedgraph:
+            tmp = stack.enter_context(atomic_path(extras.bedgraph))
+            track = stack.enter_context(open(tmp, "w"))
+            track.write(TRACK_LINE)
         for n, p in enumerate(prompts, 1):
             done = p.id in rows.done_ids
-            if done and not logits:  # resumed: its row is in the partial already
+            if done and not again:  # resumed: its row is in the partial already
                 prog.advance(len(p.seq))
                 continue
             start = prog.done
-            try:  # a resumed record is scored again only for its logits
-                bpn, lg = scoring.score_sequence(model, tokenize_tensor(p.seq), context,
-                                                 window, keep_logits=bool(logits),
-                                                 on_window=lambda k: prog.update(start + k))
+            try:
+                got = scoring.score_record(model, tokenize_tensor(p.seq), context, window,
+                                           keep_logits=bool(extras.logits),
+                                           per_base=track is not None,
+                                           on_window=lambda k: prog.update(start + k),
+                                           logits_columns=extras.columns,
+                                           logits_dtype=extras.dtype)
             except Exception as e:  # noqa: BLE001 - one bad record must not sink the rest
                 debug_traceback()
                 prog.say(f"evspark: error: record '{p.id}' failed: {first_line(e)}")
@@ -143,20 +185,31 @@ def _score_all(model: StripedHyena, prompts: list[Prompt], context: int, window:
                 continue
             if not done:
                 rows.write({"record_id": p.id, "length": len(p.seq),
-                            "bits_per_nt": round(bpn, 4)})
-            if logits and lg is not None:
-                saved[p.id] = lg
+                            "bits_per_nt": round(got.bits_per_nt, 4),
+                            "total_ll": round(got.total_ll, 4), "scored": got.scored})
+            if got.logits is not None:
+                saved[p.id] = got.logits
+            if track is not None and got.per_base is not None:
+                write_track(track, p, got.per_base.tolist())
             prog.update(start + len(p.seq))  # position 0 is not scored but is done
             prog.milestone(f"{n}/{len(prompts)} records")
         if failed:
             rows.close()
-            return failed, rows.partial
-        if logits:
+            raise _Failed(failed, rows.partial)
+        if extras.logits:
             from safetensors.torch import save_file
 
-            from ..files import atomic_path
-
-            with atomic_path(logits) as tmp:
-                save_file({k: v.contiguous() for k, v in saved.items()}, tmp)
+            with atomic_path(extras.logits) as tmp_logits:
+                save_file({k: v.contiguous() for k, v in saved.items()}, tmp_logits)
+        if track is not None:
+            track.close()  # renamed into place as the stack unwinds
         rows.finish()
     return failed, None
+
+
+class _Failed(Exception):
+    """Some records failed: the track is not renamed into place (the stack unwinds on it)."""
+
+    def __init__(self, failed: list[str], partial: str | None) -> None:
+        super().__init__(failed)
+        self.failed, self.partial = failed, partial
