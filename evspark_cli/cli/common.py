@@ -38,14 +38,14 @@ def read_input(inputs: list[str] | None, region: list[str] | None, regions: str 
                prompt_tail: int | None, shard: str | None, strict: bool,
                literal: str | list[str] | None = None, iupac: str = "keep",
                cap: LengthCap | None = None, samples: int = 1,
-               config: ModelConfig | None = None) -> Prompts:
+               config: ModelConfig | None = None, circular: bool = False) -> Prompts:
     """The run's prompts (io/prompts.py), with their warnings printed; `iupac` and `cap` as
     for io/fasta.read_prompts; `samples` per prompt for the jobs `shard` splits. With the
     model's `config`, prompts longer than it was trained on are warned about."""
     from ..io.prompts import load_prompts
 
     got = load_prompts(inputs, region or None, regions, literal, prompt_tail, shard, strict,
-                       iupac=iupac, cap=cap, samples=samples)
+                       iupac=iupac, cap=cap, samples=samples, circular=circular)
     for w in got.warnings:
         warn(w)
     if config is not None:

@@ -36,6 +36,7 @@ from .meter import GenerationMeter, prefill_work, summary_line
 from .options import (
     AlphabetOpt,
     BatchSizeOpt,
+    CircularOpt,
     CompileOpt,
     DeviceOpt,
     DraftLengthOpt,
@@ -82,6 +83,7 @@ def generate(
     prompt_tail: Optional[int] = TailOpt,
     shard: Optional[str] = ShardOpt,
     strict: bool = StrictOpt,
+    circular: bool = CircularOpt,
     model_dir: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
@@ -120,8 +122,8 @@ def generate(
     t0 = time.monotonic()
     _check_outputs(run_inputs(inputs, regions, model_dir, [drafter]), output, stats, index)
     config = readable_config(model_dir)
-    got = read_input(inputs, region, regions, prompt_tail, shard, strict, literal=prompt or None,
-                     iupac=iupac, cap=context_cap(config), samples=samples, config=config)
+    got = read_input(inputs, region, regions, prompt_tail, shard, strict, prompt or None, iupac,
+                     context_cap(config), samples, config, circular)
     prompts = got.prompts
     # the bar shows before torch is imported (a second or two): a run says what it does at once
     with Progress("generate", "tokens", quiet=quiet) as prog:

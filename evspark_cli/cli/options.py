@@ -40,6 +40,9 @@ RegionsOpt = option(None, "--regions", help="BED file of regions (0-based, half-
                     panel=INPUT_PANEL)
 StrictOpt = option(False, "--strict", help="An empty record is an error (exit 2) instead of "
                    "being skipped with a warning.", panel=INPUT_PANEL)
+CircularOpt = option(False, "--circular", panel=INPUT_PANEL,
+                     help="Records are circular (plasmids, organelles, phages): a region may run "
+                     "across the origin (START > END, or a BED end past the record's end).")
 TailOpt = option(None, "--prompt-tail", help="Use only the last N bases of each record.",
                  panel=INPUT_PANEL)
 ShardOpt = option(None, "--shard", help="I/N: process only records i with i mod N == I-1 "

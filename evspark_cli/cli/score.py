@@ -14,6 +14,7 @@ import typer
 from .app import command, debug_traceback, fail, first_line
 from .common import PROMPT_OPTIONS, read_input, use_threads
 from .options import (
+    CircularOpt,
     DeviceOpt,
     DtypeOpt,
     IupacOpt,
@@ -66,6 +67,7 @@ def score(
     prompt_tail: Optional[int] = TailOpt,
     shard: Optional[str] = ShardOpt,
     strict: bool = StrictOpt,
+    circular: bool = CircularOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     threads: int = ThreadsOpt,
@@ -81,22 +83,16 @@ def score(
     Rows are written as records finish, to OUTPUT.partial (renamed when every record is done):
     a record that fails is reported and skipped, and the others stay for `--resume`."""
     from ..eval.score import check_logits_format, check_score_windows
-    from ..files import Output, check_distinct
-    from ..io.writers import PARTIAL_SUFFIX, check_output_path
     from ..limits import run_inputs, score_cap, score_windows
     from ..model.checkpoint import load_model, resolve_device
     from ..model.memory import memory_budget, run_budget
 
     check_score_windows(1 if context is None else context, 1 if window is None else window)
     check_logits_format(logits_columns, logits_dtype)
-    for path in (output, logits, bedgraph):
-        check_output_path(path)
-    check_distinct(run_inputs(inputs, regions, model_dir),
-                   [Output("--output", output, (PARTIAL_SUFFIX,)), Output("--logits", logits),
-                    Output("--bedgraph", bedgraph)])
+    _check_outputs(run_inputs(inputs, regions, model_dir), output, logits, bedgraph)
     budget = memory_budget(resolve_device(device), max_memory)
     got = read_input(inputs, region, regions, prompt_tail, shard, strict, iupac=iupac,
-                     cap=score_cap(budget))
+                     cap=score_cap(budget), circular=circular)
     used = use_threads(threads)
     t0 = time.monotonic()
     with Progress("score", "bases", total=sum(len(p.seq) for p in got.prompts),
@@ -122,6 +118,18 @@ def score(
         kept = f"kept in {partial}; rerun with --resume" if partial else "printed"
         fail(f"{len(failed)} of {n} records failed ({', '.join(failed[:5])}); the others are "
              f"{kept}", 1)
+
+
+def _check_outputs(inputs: list, output: str | None, logits: str | None,
+                   bedgraph: str | None) -> None:
+    """Before any work: the outputs can be written, none is an input or another's file."""
+    from ..files import Output, check_distinct
+    from ..io.writers import PARTIAL_SUFFIX, check_output_path
+
+    for path in (output, logits, bedgraph):
+        check_output_path(path)
+    check_distinct(inputs, [Output("--output", output, (PARTIAL_SUFFIX,)),
+                            Output("--logits", logits), Output("--bedgraph", bedgraph)])
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from .options import (
     SAMPLING_PANEL,
     SPECULATION_PANEL,
     AlphabetOpt,
+    CircularOpt,
     CompileOpt,
     DeviceOpt,
     DraftLengthOpt,
@@ -93,6 +94,7 @@ def verify(
     prompt_tail: Optional[int] = TailOpt,
     shard: Optional[str] = ShardOpt,
     strict: bool = StrictOpt,
+    circular: bool = CircularOpt,
     rollback: str = RollbackOpt,
     report: Optional[str] = ReportOpt,
     tie_tolerance: Optional[float] = TieToleranceOpt,
@@ -107,8 +109,7 @@ def verify(
     iupac: str = IupacOpt,
     max_memory: Optional[str] = MaxMemoryOpt,
 ) -> None:
-    """Native vs speculative decoding, compared token by token (exit 1 on a non-tie
-    divergence): greedy, or sampled with --rule coupled."""
+    """Native vs speculative decoding, token by token: greedy, or sampled (--rule coupled)."""
     import json
     import time
 
@@ -132,7 +133,7 @@ def verify(
     t0 = time.monotonic()
     config = readable_config(model_dir)
     prompts = read_input(inputs, region, regions, prompt_tail, shard, strict, iupac=iupac,
-                         cap=context_cap(config), config=config).prompts
+                         cap=context_cap(config), config=config, circular=circular).prompts
     used = use_threads(threads)
     with Progress("verify", "prompts", total=len(prompts), quiet=quiet) as prog:
         prog.update(status="loading the model")
@@ -147,8 +148,8 @@ def verify(
     if report:
         write_text_atomic(report, json.dumps({"provenance": provenance(), **result.report()},
                                              indent=1))
-    compared = sum(r["compared"] for r in result.rows)
-    prog.summary(f"evspark: verify: {len(result.rows)} prompts, {compared:,} tokens compared, "
+    prog.summary(f"evspark: verify: {len(result.rows)} prompts, "
+                 f"{sum(r['compared'] for r in result.rows):,} tokens compared, "
                  f"{result.ties} ties, {len(result.non_tie_divergences)} non-tie divergences, "
                  f"{time.monotonic() - t0:.1f} s, {used.describe()}")
     if result.non_tie_divergences:

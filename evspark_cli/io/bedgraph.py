@@ -23,12 +23,13 @@ TRACK_LINE = ('track type=bedGraph name="evspark surprisal" description="-log2 p
 def write_track(out: TextIO, prompt: Prompt, per_base: Sequence[float]) -> None:
     """The lines of `prompt` (its `per_base[i]`: the log-likelihood, nats, of base i + 1)."""
     chrom, first, last = prompt.span or (prompt.id, 1, len(prompt.seq))
+    # a region across the origin of a circular record (first > last) wraps at its length
+    size = len(prompt.seq) + first - 1 - last if first > last else math.inf
     minus = prompt.strand == "-"
     scale = -1 / math.log(2)
     rows = []
     for i, ll in enumerate(per_base, 1):
         at = (last - 1 - i) if minus else (first - 1 + i)  # 0-based on the input's forward strand
-        rows.append((at, ll * scale))
-    if minus:
-        rows.reverse()
+        rows.append((int(at % size), ll * scale))
+    rows.sort()
     out.writelines(f"{chrom}\t{at}\t{at + 1}\t{bits:.4f}\n" for at, bits in rows)

@@ -239,7 +239,7 @@ def _read_regions(
     inputs: list[str], regions: list[str], tail: int | None, index_dir: str | None,
     iupac: str = "keep", cap: LengthCap | None = None,
     labels: Sequence[str | None] | None = None, only: tuple[int, int] | None = None,
-    strands: Sequence[str] | None = None, samples: int = 1,
+    strands: Sequence[str] | None = None, samples: int = 1, circular: bool = False,
 ) -> list[Prompt]:
     """Extract the regions, in the order given, looking each record up across all inputs; with
     a tail, only the tail of each region is fetched. `labels[i]`, when not None, names region
@@ -269,7 +269,7 @@ def _read_regions(
         for index, (text, label, side) in enumerate(zip(texts, names, sides)):
             called = label or f"region {text!r}"
             ours = in_shard(index, only, samples)
-            region = resolve_region(text, owner.__contains__)
+            region = resolve_region(text, owner.__contains__, circular)
             src = owner.get(region.name)
             if src is None:
                 more = f" (+{len(inputs) - 3} more)" if len(inputs) > 3 else ""
@@ -284,11 +284,17 @@ def _read_regions(
             else:
                 start = region.start
                 end = region.end if region.end is not None else length
+                if circular and start <= length < end:  # running past the end: wraps
+                    end -= length
+                    if end >= start:
+                        raise fail(f"{called}: longer than the circular record "
+                                   f"{region.name!r} ({length} bp) in {src.path}")
                 if start > length or end > length:
                     bad = max(start, end)
+                    hint = "" if circular else " (--circular wraps a region around the origin)"
                     raise fail(
                         f"{called}: position {bad} is past the end of record "
-                        f"{region.name!r} ({length} bp) in {src.path}"
+                        f"{region.name!r} ({length} bp) in {src.path}{hint}"
                     )
                 rid = f"{region.name}:{start}-{end}"
             if (rid, side) in given:
@@ -299,14 +305,17 @@ def _read_regions(
             if rid != region.name:
                 what += f" (region {rid})"
             keep = tail if ours else 1  # another shard's region: only its last base is read
-            first = max(start, end - keep + 1) if keep is not None else start
-            if keep is None and cap is not None and end - start + 1 > cap.bases:
+            size = (end - start + 1) % length or length  # a wrapped region: start > end
+            if keep is None and cap is not None and size > cap.bases:
                 raise cap.refusal(what)
-            raw = src.fetch(region.name, first, end)
+            first = (end - min(size, keep or size)) % length + 1  # the first base kept
+            raw = src.fetch(region.name, first, end) if first <= end else \
+                src.fetch(region.name, first, length) + src.fetch(region.name, 1, end)
             seq = clean(raw, what, first - 1, iupac, iupac_key(region.name))
             if not seq:  # e.g. a record of blank lines that an index counted as bases
                 raise fail(f"{what} is empty (no sequence)")
-            first = end - len(seq) + 1
+            if first <= end:
+                first = end - len(seq) + 1
             span = None if (first, end) == (1, length) else (region.name, first, end)
             prompts.append(Prompt(rid, "", seq, f"{src.path}:{rid}", span=span,
                                   soft_masked=raw != raw.upper()))
@@ -346,6 +355,7 @@ def read_prompts(
     only: str | tuple[int, int] | None = None,
     region_strands: Sequence[str] | None = None,
     samples: int = 1,
+    circular: bool = False,
 ) -> list[Prompt]:
     """Read, validate and upper-case every record of every input (or only `regions`).
 
@@ -360,7 +370,9 @@ def read_prompts(
     with a warning); io/regions.py has the region grammar. `region_labels[i]`, when given and
     not None, names region i in messages (`regions.bed line 3`). The prompts outside the shard
     `only` (default: `shard`) are checked as the others are but neither held nor held to
-    `cap`, so a record too long for the model fails only the shard that decodes it. Raises
+    `cap`, so a record too long for the model fails only the shard that decodes it. With
+    `circular`, a region may run across the origin of its record (START > END, or an END past
+    the record's end, as BED gives it). Raises
     InputError with a one-line message.
     """
     tail = check_tail(prompt_tail)
@@ -372,7 +384,7 @@ def read_prompts(
     if regions:
         index = None if index_dir is None else os.fspath(index_dir)
         got = _read_regions(inputs, list(regions), tail, index, iupac, cap, region_labels,
-                            only_t, region_strands, samples)
+                            only_t, region_strands, samples, circular)
         for i, p in enumerate(got):
             p.index = i
         return select_shard(got, shard_t, samples)

@@ -58,13 +58,15 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
                  bed: str | None = None, literal: str | Sequence[str] | None = None,
                  prompt_tail: int | None = None, shard: str | None = None,
                  strict: bool = False, index_dir: str | None = None, iupac: str = "keep",
-                 cap: LengthCap | None = None, samples: int = 1) -> Prompts:
+                 cap: LengthCap | None = None, samples: int = 1,
+                 circular: bool = False) -> Prompts:
     """Every prompt of a run, in order: the `regions` then the BED file's regions when either
     is given, else every record; or the `literal` sequence alone. See the module docstring for
     warnings, empty records and `strict`; `iupac` and `cap` as for `fasta.read_prompts`.
     `literal` may be a list of what a repeated option gave: more than one is refused (none
     would be silently dropped). `shard` splits the run's (prompt, sample) jobs, `samples` a
-    prompt (io/shard.py): the prompts kept are those with a job in it."""
+    prompt (io/shard.py): the prompts kept are those with a job in it. With `circular`, a
+    region may run across the origin of its record (io/fasta.py)."""
     inputs = list(inputs or [])
     literal = _one_literal(literal)
     if literal is not None:
@@ -84,7 +86,7 @@ def load_prompts(inputs: Sequence[str] | None, regions: Sequence[str] | None = N
         got = read_prompts(inputs, wanted, prompt_tail, index_dir=index_dir, iupac=iupac,
                            cap=cap, region_labels=labels, only=shard,
                            region_strands=["+"] * (len(wanted) - len(beds))
-                           + [b.strand for b in beds], samples=samples)
+                           + [b.strand for b in beds], samples=samples, circular=circular)
         n_plain = len(wanted) - len(beds)
         got = got[:n_plain] + name_bed_prompts(got[n_plain:], beds)
         _unique(got)

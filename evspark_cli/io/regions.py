@@ -72,8 +72,9 @@ def _fail(message: str) -> InputError:
     return InputError(" ".join(message.split()))
 
 
-def _coords(text: str, region: str) -> tuple[int, int | None]:
-    """START[-[END]] or -END -> (start, end or None for "to the end of the record")."""
+def _coords(text: str, region: str, circular: bool = False) -> tuple[int, int | None]:
+    """START[-[END]] or -END -> (start, end or None for "to the end of the record"); with
+    `circular`, START > END is a region across the origin (io/fasta.py reads it)."""
     m = _COORDS.match(text)
     if m is None:
         raise _fail(f"malformed region {region!r}: {_USAGE}")
@@ -85,8 +86,9 @@ def _coords(text: str, region: str) -> tuple[int, int | None]:
     if start < 1:
         raise _fail(f"region {region!r}: start must be >= 1 (coordinates are 1-based), "
                     f"got {start}")
-    if end is not None and start > end:
-        raise _fail(f"region {region!r}: start {start} is after end {end}")
+    if end is not None and start > end and not circular:
+        raise _fail(f"region {region!r}: start {start} is after end {end} (--circular reads "
+                    "it across the origin of a circular record)")
     return start, end
 
 
@@ -110,8 +112,10 @@ def candidate_names(text: str) -> set[str]:
     return names
 
 
-def resolve_region(text: str, is_record: Callable[[str], bool]) -> Region:
-    """The region a samtools-style string names, given which record names exist.
+def resolve_region(text: str, is_record: Callable[[str], bool],
+                   circular: bool = False) -> Region:
+    """The region a samtools-style string names, given which record names exist (with
+    `circular`, START > END is allowed: a region across the origin).
 
     Raises InputError for a malformed or ambiguous string; a name that matches no record is
     returned as is (the caller names the inputs it looked in).
@@ -127,7 +131,7 @@ def resolve_region(text: str, is_record: Callable[[str], bool]) -> Region:
             return Region(text, name, None, None)
         if not rest.startswith(":"):
             raise _fail(f"malformed region {text!r}: after {{ID}} only :START-END may follow")
-        start, end = _coords(rest[1:], text)
+        start, end = _coords(rest[1:], text, circular)
         return Region(text, name, start, end)
     split = _range_split(text)
     whole = is_record(text)
@@ -140,7 +144,7 @@ def resolve_region(text: str, is_record: Callable[[str], bool]) -> Region:
         if ":" in text and not whole:
             raise _fail(f"malformed region {text!r}: {_USAGE}")
         return Region(text, text, None, None)
-    start, end = _coords(split[1], text)
+    start, end = _coords(split[1], text, circular)
     return Region(text, split[0], start, end)
 
 
