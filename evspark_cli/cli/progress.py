@@ -96,10 +96,12 @@ class Progress:
             self._heartbeat.start()
 
     def _beat(self) -> None:
-        """A line every `interval` seconds while no update prints one."""
-        while not self._stop.wait(min(1.0, max(0.05, self.interval / 4))):
+        """A line at most `interval` seconds after the last one while no update prints one
+        (it wakes every `tick` seconds, so it speaks a tick early rather than a tick late)."""
+        tick = min(1.0, max(0.05, self.interval / 4))
+        while not self._stop.wait(tick):
             with self._lock:
-                if self.mode == "lines" and self.clock() - self._last_line >= self.interval:
+                if self.mode == "lines" and self.clock() - self._last_line >= self.interval - tick:
                     self._line()
 
     def close(self, finished: bool = True) -> None:
