@@ -657,7 +657,7 @@ def test_score_keeps_finished_records_when_one_fails_and_resumes(tmp_path, model
     src = tmp_path / "in.fa"
     src.write_text(records_text({"a": recs["r1"], "bad": recs["r2"], "c": recs["r1"][:40]}))
     tsv = tmp_path / "s.tsv"
-    real = score_mod.score_sequence
+    real = score_mod.score_record
     calls: list[int] = []
 
     def flaky(model, ids, *a, **k):
@@ -666,7 +666,7 @@ def test_score_keeps_finished_records_when_one_fails_and_resumes(tmp_path, model
             raise RuntimeError("simulated failure\nsecond line")
         return real(model, ids, *a, **k)
 
-    monkeypatch.setattr(score_mod, "score_sequence", flaky)
+    monkeypatch.setattr(score_mod, "score_record", flaky)
     r = run_cli(["score", src, "--model", model, *FAST, "-o", tsv])
     assert r.code == 1 and not tsv.exists()
     errs = r.err.strip().splitlines()
@@ -678,7 +678,7 @@ def test_score_keeps_finished_records_when_one_fails_and_resumes(tmp_path, model
 
     r = run_cli(["score", src, "--model", model, *FAST, "-o", tsv])  # no --resume: refused
     assert r.code == 2 and "--resume" in r.err
-    monkeypatch.setattr(score_mod, "score_sequence", real)
+    monkeypatch.setattr(score_mod, "score_record", real)
     calls.clear()
     ok(["score", src, "--model", model, *FAST, "-o", tsv, "--resume"])
     rows = {ln.split("\t")[0]: ln for ln in tsv.read_text().splitlines()[1:]}
@@ -765,8 +765,9 @@ def test_score_of_a_one_base_record_is_nan_not_perfect(tmp_path, random_model):
     lg = tmp_path / "lg.safetensors"
     r = run_cli(["score", fa, "--model", random_model, "--logits", lg, *FAST])
     assert r.code == 0, r.err
-    rows = dict(line.split("\t")[0::2] for line in r.out.splitlines()[1:])
+    rows = {ln.split("\t")[0]: ln.split("\t")[2] for ln in r.out.splitlines()[1:]}
     assert math.isnan(float(rows["one"])) and math.isfinite(float(rows["two"]))
+    assert r.out.splitlines()[1].split("\t")[3:] == ["0", "0"]  # nothing scored: 0 nats
     from safetensors.torch import load_file
 
     saved = load_file(lg)

@@ -178,7 +178,7 @@ def test_sigterm_in_score_keeps_its_rows(phix_model: Path, tmp_path: Path, monke
     src = fasta_file(tmp_path, text=MANY)
     out = tmp_path / "bits.tsv"
     ref = run_cli(["score", src, "--model", phix_model, *FAST]).out
-    real, calls = scoring.score_sequence, []
+    real, calls = scoring.score_record, []
 
     def third(*a, **k):
         calls.append(1)
@@ -186,7 +186,7 @@ def test_sigterm_in_score_keeps_its_rows(phix_model: Path, tmp_path: Path, monke
             _sigterm_here()
         return real(*a, **k)
 
-    monkeypatch.setattr(scoring, "score_sequence", third)
+    monkeypatch.setattr(scoring, "score_record", third)
     args = ["score", src, "--model", phix_model, *FAST, "-o", out]
     r = run_cli(args)
     record("hostile", "SIGTERM mid-run (score)", show(args, tmp_path, MODEL=phix_model), r.code,
@@ -194,7 +194,7 @@ def test_sigterm_in_score_keeps_its_rows(phix_model: Path, tmp_path: Path, monke
     assert r.code == 143 and r.err.strip().endswith(
         f"finished records are kept in {tmp_path / 'bits.tsv.partial'} (rerun with --resume)")
     assert (tmp_path / "bits.tsv.partial").read_text() == "\n".join(ref.splitlines()[:3]) + "\n"
-    monkeypatch.setattr(scoring, "score_sequence", real)
+    monkeypatch.setattr(scoring, "score_record", real)
     assert run_cli([*args, "--resume"]).code == 0
     assert out.read_text() == ref
 
@@ -228,7 +228,7 @@ def third(real):
         return real(*a, **k)
     return wait
 BatchDecoder._prefilled = third(BatchDecoder._prefilled)
-scoring.score_sequence = third(scoring.score_sequence)
+scoring.score_record = third(scoring.score_record)
 sys.argv = ["evspark"] + sys.argv[1:]
 cli.main()
 """

@@ -128,4 +128,4 @@ def score_record(model: StripedHyena, ids: Tensor, context: int, window: int,
                                                         dtype=LOGITS_DTYPES[logits_dtype])
     pb = (torch.cat(bases) if bases else torch.empty(0, dtype=torch.float64)) if per_base \
         else None
-    return ScoreResult(bits, -total, count, lg, pb)
+    return ScoreResult(bits, 0.0 - total, count, lg, pb)  # (0.0 - 0.0 is 0, not -0)
