@@ -27,21 +27,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CASES = {  # name: (prompt bases, samples, batch size or None, --max-memory or None, new tokens)
+MIXED = (64, 128, 256, 512, 1024, 2048, 4096, 8192) * 2  # a user's contigs, genes and regions
+CASES = {  # name: (prompt bases, or one record per length, samples, batch size or None,
+    #               --max-memory or None, new tokens)
     "20k-16x-1G": (20_000, 16, None, "1G", 64),
     "20k-16x-b8": (20_000, 16, 8, None, 64),
     "20k-16x": (20_000, 16, None, None, 64),
     "2k-64x": (2_000, 64, None, None, 128),
     "200k-1x": (200_000, 1, 1, None, 32),
     "200k-16x-4G": (200_000, 16, None, "4G", 32),
+    "mixed-16x4": (MIXED, 4, None, None, 256),
+    "mixed-16x4-800M": (MIXED, 4, None, "800M", 256),
 }
-DEFAULT = ["20k-16x-1G", "20k-16x-b8", "2k-64x", "200k-1x", "200k-16x-4G"]
+DEFAULT = ["20k-16x-1G", "20k-16x-b8", "2k-64x", "200k-1x", "200k-16x-4G", "mixed-16x4",
+           "mixed-16x4-800M"]
 
 
 @dataclass
 class Result:
     case: str
-    bases: int
+    bases: int | list[int]
     samples: int
     batch: int
     max_memory: str | None
@@ -56,19 +61,21 @@ class Result:
     cgroup_peak_mib: float | None  # the cgroup's own peak count (its limit's measure)
 
 
-def prompt(bases: int) -> str:
-    """`bases` bases of a shared genome ($EVSPARK_SHARED or ../shared) when one is long enough,
-    else random ones."""
+def prompt(bases: int, index: int = 0) -> str:
+    """`bases` bases of a shared genome ($EVSPARK_SHARED or ../shared) when one is long enough
+    (the `index`-th such window from its end, so that records of one length differ), else random
+    ones."""
     from evspark_cli.io.fasta import read_prompts
 
     shared = Path(os.environ.get("EVSPARK_SHARED") or ROOT.parent / "shared")
+    want = bases * (index + 1)
     for path in sorted((shared / "data" / "valid").glob("*.fa*")):
-        for p in read_prompts([str(path)], prompt_tail=bases):
-            if len(p.seq) >= bases:
-                return p.seq
+        for p in read_prompts([str(path)], prompt_tail=want):
+            if len(p.seq) >= want:
+                return p.seq[:bases]
     import random
 
-    rng = random.Random(bases)
+    rng = random.Random(bases * 1000 + index)
     return "".join(rng.choice("ACGT") for _ in range(bases))
 
 
@@ -85,11 +92,13 @@ def child(spec: dict) -> None:
     from evspark_cli.model.checkpoint import load_model
 
     set_threads(spec["threads"])
-    seq = prompt(spec["bases"])
+    bases = spec["bases"]
+    lengths = bases if isinstance(bases, list) else [bases]
+    seqs = {f"p{i}_{n}": prompt(n, i) for i, n in enumerate(lengths)}
     model = load_model(None, max_memory=spec["max_memory"])
     drafter = resolve_drafter(model, "auto")
     options = DecodeOptions(spec["tokens"], 12, 1.0, 4, 1.0, 0, spec["samples"])
-    jobs = build_jobs(Record.listed({"p": seq}, model.config.vocab_size), options)
+    jobs = build_jobs(Record.listed(seqs, model.config.vocab_size), options)
     rows = plan_batch(model, jobs, options, drafter, spec["batch"], spec["max_memory"])
     estimate = peak_estimate(model, jobs, options, drafter, rows)
     print(json.dumps({"batch": rows, "estimate": estimate}), flush=True)

@@ -3,6 +3,7 @@ and the refusals that use them (a batch, --max-memory, a score's logits, a huge 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ from tiny import cgroup_tree
 
 from evspark_cli.errors import InputError
 from evspark_cli.model import memory
+from evspark_cli.model.kvcache import class_layout_bytes
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -42,6 +44,27 @@ def test_a_batch_at_a_context_costs_its_rows_state():
     assert b.per_row - a.per_row == 1000 * kv
     slack = 1 + memory.ALLOCATOR_SLACK
     assert a.total(5) - a.total(4) == pytest.approx(a.per_row * slack, abs=1)
+
+
+def test_phases_that_never_overlap_count_once():
+    """A prefill runs between rounds and rows join after their prefill, so the estimate holds
+    the largest of a round's block, a prefill chunk's transients and (class layout) a shelf's
+    growth, not their sum (the sum overstated a mixed-length CPU batch's peak by 31 %)."""
+    cfg, f32 = CONFIGS["stripe"], torch.float32
+    slack = 1 + memory.ALLOCATOR_SLACK
+    for rows, chunk in ((8, 512), (1, 4096)):
+        est = memory.run_memory(cfg, f32, f32, 4000, 13, rows=rows, chunk=chunk)
+        round_block = memory.block_bytes(cfg, rows, 13)
+        prefill = memory.prefill_bytes(cfg, chunk) + memory.block_bytes(cfg, 1, chunk)
+        assert sorted(est.moments) == sorted((round_block, prefill))
+        assert est.total(rows) == est.parameters + math.ceil(
+            (rows * est.per_row + est.transient + max(round_block, prefill)) * slack)
+    needs = [5000, 300, 5000, 9000, 700]
+    cls = memory.run_memory(cfg, f32, f32, 9000, 13, rows=4, needs=needs, chunk=512)
+    held, growth = class_layout_bytes(sorted(needs, reverse=True)[:4], cls.kv_position)
+    assert growth > 0
+    assert cls.total(4) == cls.parameters + math.ceil(
+        (4 * cls.fixed_row + held + cls.transient + max((growth,) + cls.moments)) * slack)
 
 
 def test_largest_batch_is_the_boundary():

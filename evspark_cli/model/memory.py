@@ -141,7 +141,13 @@ class RunMemory:
 
     Dense layout (`needs` None): every row at the run's longest context, `per_row` each. Class
     layout (kvcache.py, CPU): each row its fixed state (`fixed_row`) plus its own KV need, the
-    r rows being the r largest `needs` (the worst batch the run can hold), in shelves."""
+    r rows being the r largest `needs` (the worst batch the run can hold), in shelves.
+
+    `transient` is held beside the rows all along (a record's prefilled row, the rotary
+    tables); `moments` are what one phase holds for a while and frees before the next starts
+    (a round's block, a prompt's prefill chunk; in the class layout also a shelf's growth as
+    rows join), so only the largest of them counts: a prefill runs between rounds, and rows
+    join after their prefill has finished."""
 
     parameters: int
     per_row: int
@@ -149,14 +155,16 @@ class RunMemory:
     fixed_row: int = 0
     kv_position: int = 0
     needs: tuple[int, ...] | None = None  # each job's KV positions, largest first
+    moments: tuple[int, ...] = ()  # a round's block, a prefill chunk: never at the same time
 
     def total(self, rows: int) -> int:
         if self.needs is None:
-            run = rows * self.per_row + self.transient
+            run = rows * self.per_row + self.transient + max(self.moments, default=0)
         else:
             uniform = len(set(self.needs)) <= 1  # every job needs the same positions
             held, growth = class_layout_bytes(self.needs[:rows], self.kv_position, uniform)
-            run = rows * self.fixed_row + held + growth + self.transient
+            run = (rows * self.fixed_row + held + self.transient
+                   + max((growth,) + self.moments))
         return self.parameters + math.ceil(run * (1 + ALLOCATOR_SLACK))
 
 
@@ -172,13 +180,14 @@ def run_memory(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dty
     per_row = fixed + per_position * context
     chunk = min(chunk or cfg.prefill_chunk, max(context, 1))
     # beside the rows: the record whose samples are decoding keeps its prefilled state (one
-    # row; the dense layout's at the run's capacity, so a new batch is copied once); a
-    # prompt's prefill holds its chunk's activations and the chunk's per-position states (a
-    # block of `chunk` positions); a round holds its block's
-    transient = (per_row + block_bytes(cfg, rows, block) + prefill_bytes(cfg, chunk)
-                 + block_bytes(cfg, 1, chunk) + rope_bytes(cfg, context))
+    # row; the dense layout's at the run's capacity, so a new batch is copied once). For a
+    # while: a prompt's prefill holds its chunk's activations and the chunk's per-position
+    # states (a block of `chunk` positions); a round holds its block's
+    transient = per_row + rope_bytes(cfg, context)
+    moments = (block_bytes(cfg, rows, block),
+               prefill_bytes(cfg, chunk) + block_bytes(cfg, 1, chunk))
     return RunMemory(params, per_row, transient, fixed, per_position,
-                     None if needs is None else tuple(sorted(needs, reverse=True)))
+                     None if needs is None else tuple(sorted(needs, reverse=True)), moments)
 
 
 def process_bytes() -> int:
