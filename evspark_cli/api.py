@@ -16,6 +16,7 @@ from .decode.drafters.registry import resolve_drafter
 from .decode.jobs import RoundReport
 from .errors import GenerationError, at_least
 from .eval.score import ScoreResult, check_logits_format, check_score_windows, score_record
+from .eval.variants import VariantScore
 from .generation.jobs import Record, build_jobs, check_job_count, prompt_ids
 from .generation.options import DecodeOptions, check_context, check_gamma
 from .generation.plan import plan_batch
@@ -23,7 +24,8 @@ from .generation.results import GenerateOutput
 from .generation.run import GenerationRun
 from .model.model import StripedHyena
 
-__all__ = ["GenerateOutput", "ScoreResult", "generate", "generate_many", "score", "set_threads"]
+__all__ = ["GenerateOutput", "ScoreResult", "VariantScore", "generate", "generate_many", "score",
+           "score_variants", "set_threads"]
 
 
 def set_threads(threads: int) -> Threads:
@@ -154,3 +156,25 @@ def score(model: StripedHyena, prompt: str | Sequence[int], context: int | None 
     return score_record(model, torch.tensor(ids, dtype=torch.long), context, window,
                         keep_logits, per_base, logits_columns=logits_columns,
                         logits_dtype=logits_dtype)
+
+
+def score_variants(model: StripedHyena, vcf: str, reference: str, window: int = 8192,
+                   reduce: str = "mean", strict: bool = False) -> list[VariantScore]:
+    """Variant effect scores of every scorable ALT allele of `vcf` (VCF or BCF, plain or
+    bgzipped) against `reference` (a FASTA), as `evspark score --variants` computes them
+    (docs/cli.md): each a `VariantScore` (`variant`, `ref_ll`, `alt_ll`, `delta`), in file
+    order. Alleles that cannot be scored are skipped with a Python warning per reason (refused
+    with InputError if `strict`)."""
+    import warnings
+
+    from .eval import variants as scoring
+    from .io.fasta import open_reference
+    from .io.vcf import read_variants
+
+    scoring.check_variant_settings(window, reduce)
+    ref = open_reference(reference)
+    try:
+        got = read_variants(vcf, ref, strict, warn=lambda m: warnings.warn(m, stacklevel=3))
+        return scoring.score_variants(model, ref, got.variants, window, reduce)
+    finally:
+        ref.close()

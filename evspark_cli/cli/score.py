@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
+from ..errors import SettingError
 from .app import command, debug_traceback, fail, first_line
 from .common import PROMPT_OPTIONS, read_input, use_threads
 from .options import (
@@ -30,6 +31,7 @@ from .options import (
     option,
 )
 from .progress import Progress
+from .variants import VariantRun
 
 if TYPE_CHECKING:  # the CLI imports the engine lazily (a fast --help)
     from ..io.types import Prompt
@@ -41,9 +43,37 @@ least 8,192 bases of context, as a TSV:
   evspark score assembly.fa.gz --context 8192 -o bits.tsv"""
 
 
+ContextOpt = typer.Option(None, "--context", help="Each scored base sees at least this many "
+                          "preceding bases (where the record has them). Default: 8192, or half "
+                          "the model's context if less.")
+WindowOpt = typer.Option(None, "--window", help="Bases scored per forward pass. Default: 8192, "
+                         "or what the context leaves of the model's context if less. With "
+                         "--variants: the window's length (default 8192).")
+VariantsOpt = option(None, "--variants", help="Score the variants of this VCF or BCF (plain "
+                     "or bgzipped) against --reference instead of records: chrom pos id ref alt "
+                     "ref_ll alt_ll delta, each window --window bases (default 8192).")
+ReferenceOpt = option(None, "--reference", help="With --variants: the FASTA (plain or BGZF) "
+                      "the variants' positions refer to.")
+ReduceOpt = option("mean", "--reduce", help="With --variants: a window's log-likelihood "
+                   "reduced as the mean over its bases (Evo 2's) or the sum.")
+
+
+def _variants(inputs: list[str] | None, run: VariantRun, *rest) -> None:
+    """`score --variants`: the records' options do not apply, and INPUT is not read."""
+    from .variants import score_variants_command
+
+    if run.variants is None:
+        raise SettingError("give INPUT... (FASTA records to score) or {0} with {1}",
+                           "variants", "reference")
+    if inputs:
+        raise SettingError("{0} scores against {1}: give no INPUT", "variants", "reference")
+    score_variants_command(run, *rest)
+
+
 @command(PROMPT_OPTIONS)
 def score(
-    inputs: List[str] = typer.Argument(..., metavar="INPUT...", help="FASTA files or '-'."),
+    inputs: Optional[List[str]] = typer.Argument(None, metavar="[INPUT]...",
+                                                 help="FASTA files or '-'."),
     model_dir: Optional[str] = ModelOpt,
     output: Optional[str] = typer.Option(None, "-o", "--output", help="TSV (default stdout)."),
     logits: Optional[str] = typer.Option(None, "--logits", help="Also save the logits of every "
@@ -55,13 +85,8 @@ def score(
                                "bfloat16."),
     bedgraph: Optional[str] = option(None, "--bedgraph", help="Also write each base's "
                                      "surprisal (bits) as a bedGraph track."),
-    context: Optional[int] = typer.Option(None, "--context", help="Each scored base sees at "
-                                          "least this many preceding bases (where the record "
-                                          "has them). Default: 8192, or half the model's "
-                                          "context if less."),
-    window: Optional[int] = typer.Option(None, "--window", help="Bases scored per forward pass. "
-                                         "Default: 8192, or what the context leaves of the "
-                                         "model's context if less."),
+    context: Optional[int] = ContextOpt,
+    window: Optional[int] = WindowOpt,
     region: Optional[List[str]] = RegionOpt,
     regions: Optional[str] = RegionsOpt,
     prompt_tail: Optional[int] = TailOpt,
@@ -77,11 +102,15 @@ def score(
                                 "kept)."),
     iupac: str = IupacOpt,
     max_memory: Optional[str] = MaxMemoryOpt,
+    variants: Optional[str] = VariantsOpt,
+    reference: Optional[str] = ReferenceOpt,
+    reduce: str = ReduceOpt,
 ) -> None:
-    """Teacher-forced log-likelihood per record: record_id, length, bits_per_nt.
-
-    Rows are written as records finish, to OUTPUT.partial (renamed when every record is done):
-    a record that fails is reported and skipped, and the others stay for `--resume`."""
+    """Teacher-forced log-likelihood per record, or variant effect scores (--variants)."""
+    if variants is not None or not inputs:
+        return _variants(inputs, VariantRun(variants, reference, output, window, reduce, strict,
+                                            resume), model_dir, device, dtype, threads, quiet,
+                         max_memory)
     from ..eval.score import check_logits_format, check_score_windows
     from ..limits import run_inputs, score_cap, score_windows
     from ..model.checkpoint import load_model, resolve_device

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Protocol
 
 from .indexed import MemorySource, Source, open_source
@@ -222,7 +222,20 @@ def _record_dup(rid: str, path: str, seen: dict[str, str]) -> None:
     seen[rid] = path
 
 
-def _memory(path: str, wanted: set[str]) -> MemorySource:
+class _Every:
+    """Every record is wanted (a reference genome, whose contigs a VCF names later)."""
+
+    def __contains__(self, rid: object) -> bool:
+        return True
+
+
+def open_reference(path: str, index_dir: str | None = None) -> Source:
+    """A reference genome for random access: pyfaidx over a plain or BGZF file (its index in
+    the per-user cache unless a fresh one sits beside it), else read once into memory."""
+    return open_source(path, index_dir, lambda: _memory(path, _Every()))
+
+
+def _memory(path: str, wanted: Container[str]) -> MemorySource:
     """An input read once into memory, keeping the `wanted` records' bases (unchecked: a region
     checks what it fetches) and refusing duplicate ids."""
     seen: dict[str, str] = {}

@@ -72,3 +72,14 @@ class Region:
     name: str
     start: int | None
     end: int | None  # None with a start: up to the end of the record (samtools `ID:START`)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One ALT allele of a VCF record (1-based `pos`, REF and ALT as written)."""
+
+    chrom: str
+    pos: int
+    id: str
+    ref: str
+    alt: str

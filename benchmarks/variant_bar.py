@@ -1,0 +1,110 @@
+"""Variant effect scores: shared-prefix scoring against scoring every window from scratch.
+
+    python benchmarks/variant_bar.py --out benchmarks/results/variant_bar.json
+    python benchmarks/variant_bar.py --variants 8 --window 1024 --out /tmp/v.json   # a smoke run
+
+Random SNVs, insertions and deletions (`--variants`, a third multi-allelic SNV sites) at
+random positions of a shared genome (../shared/data, else phiX174 from tests/fixtures), each
+scored with Evo 2's windows (`--window`, default 8,192) by `eval/variants.score_variants`:
+the shared prefix prefilled once per site and forked into the reference and ALT rows, against
+`naive=True` (every window its own stateless pass). Both are timed in the same process, one
+after the other, on the bundled target in fp32; the largest difference of any score and delta is
+reported. Writes the result with its provenance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from evspark_cli.eval.provenance import provenance  # noqa: E402
+from evspark_cli.eval.variants import score_variants  # noqa: E402
+from evspark_cli.io.fasta import open_reference  # noqa: E402
+from evspark_cli.io.types import Variant  # noqa: E402
+from evspark_cli.model.checkpoint import load_model  # noqa: E402
+
+OTHER = {"A": "CGT", "C": "AGT", "G": "ACT", "T": "ACG"}
+
+
+def genome() -> Path:
+    shared = Path(os.environ.get("EVSPARK_SHARED") or ROOT.parent / "shared")
+    for p in (shared / "data" / "train" / "ecoli_K12_MG1655.fa.gz",
+              ROOT / "tests" / "fixtures" / "phiX174.fa.gz"):
+        if p.is_file():
+            return p
+    raise SystemExit("no genome found")
+
+
+def draw(ref, n: int, seed: int) -> list[Variant]:
+    """n alleles: SNVs (a third of the sites multi-allelic), 1-6 base insertions and deletions."""
+    rnd = random.Random(seed)
+    name = max(ref.ids(), key=ref.length)
+    length = ref.length(name)
+    out: list[Variant] = []
+    while len(out) < n:
+        pos = rnd.randrange(1, length - 10)
+        here = ref.fetch(name, pos, pos + 6).upper()
+        if any(c not in "ACGT" for c in here):
+            continue
+        kind = rnd.choice(["snv", "snv", "ins", "del"])
+        if kind == "snv":
+            alts = OTHER[here[0]] if rnd.random() < 1 / 3 else rnd.choice(OTHER[here[0]])
+            out += [Variant(name, pos, f"s{pos}", here[0], a) for a in alts]
+        elif kind == "ins":
+            k = rnd.randint(1, 6)
+            out.append(Variant(name, pos, f"i{pos}", here[0],
+                               here[0] + "".join(rnd.choice("ACGT") for _ in range(k))))
+        else:
+            k = rnd.randint(1, 6)
+            out.append(Variant(name, pos, f"d{pos}", here[: k + 1], here[0]))
+    out = out[:n]
+    return sorted(out, key=lambda v: (v.pos, v.ref, v.alt))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", type=int, default=40)
+    ap.add_argument("--window", type=int, default=8192)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    path = genome()
+    ref = open_reference(str(path))
+    variants = draw(ref, a.variants, a.seed)
+    model = load_model()
+    score_variants(model, ref, variants[:1], a.window)  # warm-up, untimed
+    times, scores = {}, {}
+    for mode in ("shared", "naive"):
+        t0 = time.perf_counter()
+        scores[mode] = score_variants(model, ref, variants, a.window, naive=mode == "naive")
+        times[mode] = time.perf_counter() - t0
+    ref.close()
+    diff = max(max(abs(s.ref_ll - n.ref_ll), abs(s.alt_ll - n.alt_ll), abs(s.delta - n.delta))
+               for s, n in zip(scores["shared"], scores["naive"]))
+    sites = len({(v.chrom, v.pos) for v in variants})
+    result = {"config": {**vars(a), "genome": str(path.relative_to(path.parents[2])),
+                         "alleles": len(variants), "sites": sites,
+                         "kinds": {k: sum(v.id[0] == k[0] for v in variants)
+                                   for k in ("snv", "ins", "del")}},
+              "seconds": {k: round(v, 3) for k, v in times.items()},
+              "speedup": round(times["naive"] / times["shared"], 3),
+              "max_abs_difference_nats": diff,
+              "provenance": provenance(" ".join(sys.argv))}
+    print(json.dumps({k: result[k] for k in ("seconds", "speedup", "max_abs_difference_nats")}))
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
