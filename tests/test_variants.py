@@ -14,6 +14,8 @@ from tiny import tiny_config
 from evspark_cli.errors import InputError, SettingError
 from evspark_cli.eval.variants import (
     check_variant_settings,
+    mutagenesis_window,
+    score_mutagenesis,
     score_site,
     score_variants,
     variant_window,
@@ -57,8 +59,9 @@ def test_windows_follow_evo2_recipe():
         check_variant_settings(512, "max")
 
 
-@pytest.mark.parametrize("reduce", ["mean", "sum"])
-def test_shared_prefix_scores_equal_scoring_each_window_from_scratch(phix_model, phix, reduce):
+@pytest.mark.parametrize("reduce, rc", [("mean", False), ("sum", False), ("mean", True)])
+def test_shared_prefix_scores_equal_scoring_each_window_from_scratch(phix_model, phix, reduce,
+                                                                     rc):
     """SNVs, an MNV, insertions, deletions, a multi-allelic site, sites near both contig ends
     (windows clipped) and at the first bases, on real DNA with a trained model: every score
     within 1e-4 nats of the naive one."""
@@ -77,8 +80,9 @@ def test_shared_prefix_scores_equal_scoring_each_window_from_scratch(phix_model,
                  Variant("c", 800, "m2", contig[799], alt[alt[contig[799]]]),
                  Variant("c", 1480, "del_end", contig[1479:1500], contig[1479])]
     contigs = _ref(contig)
-    shared = score_variants(model, contigs, variants, window=300, reduce=reduce)
-    naive = score_variants(model, contigs, variants, window=300, reduce=reduce, naive=True)
+    shared = score_variants(model, contigs, variants, window=300, reduce=reduce, rc=rc)
+    naive = score_variants(model, contigs, variants, window=300, reduce=reduce, naive=True,
+                           rc=rc)
     assert [s.variant for s in shared] == variants  # input order
     for s, n in zip(shared, naive):
         assert s.ref_ll == pytest.approx(n.ref_ll, abs=1e-4)
@@ -88,6 +92,43 @@ def test_shared_prefix_scores_equal_scoring_each_window_from_scratch(phix_model,
     same = Variant("c", 700, "same", contig[699], contig[699])
     assert score_variants(model, contigs, [same], window=300)[0].delta == pytest.approx(0,
                                                                                          abs=1e-5)
+
+
+@pytest.mark.parametrize("start, end", [(601, 620), (1, 6), (1490, 1500)])
+def test_saturation_mutagenesis_from_one_reference_pass_equals_scoring_each_window(
+        phix_model, phix, start, end):
+    """Every base to the three others in one window holding the region: the block-commit path
+    equals scoring every variant's window from scratch, to 1e-4 nats, also at the contig's
+    first base (nothing to share) and its end (the window shifted inside)."""
+    from evspark_cli.model.checkpoint import load_model
+
+    model = load_model(phix_model)
+    ref = _ref(phix.fetch("NC_001422.1", 2001, 3500).upper())
+    fast = score_mutagenesis(model, ref, "c", start, end, window=256)
+    slow = score_mutagenesis(model, ref, "c", start, end, window=256, naive=True)
+    assert len(fast) == 3 * (end - start + 1)
+    assert [s.variant for s in fast] == [s.variant for s in slow]
+    assert [s.variant.pos for s in fast[:3]] == [start] * 3
+    for f, n in zip(fast, slow):
+        assert f.ref_ll == pytest.approx(n.ref_ll, abs=1e-4)
+        assert f.delta == pytest.approx(n.delta, abs=1e-4)
+    assert mutagenesis_window(1500, 1490, 1500, 256) == (1500 - 256, 1500)
+    assert mutagenesis_window(1500, 601, 620, 256) == (610 - 128, 610 + 128)
+    with pytest.raises(SettingError, match="does not fit"):
+        mutagenesis_window(1500, 1, 300, 256)
+
+
+def test_rc_averages_each_window_with_its_reverse_complement(make_model):
+    from Bio.Seq import reverse_complement
+
+    model = make_model(tiny_config())
+    contig = _contig(400, 5)
+    v = Variant("c", 200, "x", contig[199:202], "T")
+    w = variant_window(_ref(contig), v, 100)
+    got = score_variants(model, _ref(contig), [v], 100, rc=True)[0]
+    want = [(window_ll(model, x) + window_ll(model, reverse_complement(x))) / 2
+            for x in (w.ref, w.alt)]
+    assert (got.ref_ll, got.alt_ll) == pytest.approx(want, abs=1e-5)
 
 
 def test_naive_window_score_is_the_mean_token_log_likelihood(make_model):
@@ -214,5 +255,37 @@ def test_score_variants_on_the_command_line_and_in_the_api(tmp_path, phix_model,
                          (["--variants", str(tmp_path / "none.vcf"), "--reference", ref],
                           "none.vcf")):
         r = run_cli(["score", *bad, "--model", phix_model, "-q"])
+        assert r.code == 2, (bad, r.err)
+        assert re.search(pattern, r.err.strip().splitlines()[-1]), r.err
+
+
+def test_mutagenesis_on_the_command_line(tmp_path, phix_model, phix):
+    from tiny import run_cli
+
+    from evspark_cli.model.checkpoint import load_model
+
+    ref = str(FIXTURES / "phiX174.fa.gz")
+    out = tmp_path / "sat.tsv"
+    r = run_cli(["score", "--mutagenesis", "NC_001422.1:101-104", "--reference", ref,
+                 "--model", phix_model, "--window", 256, "-o", out, "-q"])
+    assert r.code == 0, r.err
+    lines = out.read_text().splitlines()[1:]
+    assert len(lines) == 12
+    slow = score_mutagenesis(load_model(phix_model), phix, "NC_001422.1", 101, 104, 256,
+                             naive=True)
+    for line, n in zip(lines, slow):
+        chrom, pos, _id, refb, alt, _r, _a, delta = line.split("\t")
+        assert (chrom, int(pos), refb, alt) == (n.variant.chrom, n.variant.pos, n.variant.ref,
+                                                n.variant.alt)
+        assert float(delta) == pytest.approx(n.delta, abs=1e-4)
+    vcf = _vcf(tmp_path, "NC_001422.1\t5\t.\tA\tC\t.\t.\t.\n")
+    for bad, pattern in ((["--mutagenesis", "NC_001422.1:1-4", "--rc"], "--rc"),
+                         (["--mutagenesis", "NC_001422.1"], "ID:START-END"),
+                         (["--mutagenesis", "NC_001422.1:5000-5400"], "past the end"),
+                         (["--mutagenesis", "chrZ:1-4"], "no record 'chrZ'"),
+                         (["--mutagenesis", "NC_001422.1:1-400"], "does not fit"),
+                         (["--mutagenesis", "NC_001422.1:1-4", "--variants", vcf], "give one")):
+        r = run_cli(["score", *bad, "--reference", ref, "--model", phix_model, "--window", 256,
+                     "-q"])
         assert r.code == 2, (bad, r.err)
         assert re.search(pattern, r.err.strip().splitlines()[-1]), r.err

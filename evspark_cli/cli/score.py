@@ -56,17 +56,26 @@ ReferenceOpt = option(None, "--reference", help="With --variants: the FASTA (pla
                       "the variants' positions refer to.")
 ReduceOpt = option("mean", "--reduce", help="With --variants: a window's log-likelihood "
                    "reduced as the mean over its bases (Evo 2's) or the sum.")
+MutagenesisOpt = option(None, "--mutagenesis", help="With --reference: in-silico saturation "
+                        "mutagenesis of ID:START-END (every base to the three others), in one "
+                        "--window that holds the region.")
+RcOpt = option(False, "--rc", help="With --variants: each score the mean of the window's and "
+               "its reverse complement's.")
 
 
 def _variants(inputs: list[str] | None, run: VariantRun, *rest) -> None:
-    """`score --variants`: the records' options do not apply, and INPUT is not read."""
+    """`score --variants` or `--mutagenesis`: the records' options do not apply, and INPUT is
+    not read."""
     from .variants import score_variants_command
 
-    if run.variants is None:
+    if run.variants is None and run.mutagenesis is None:
         raise SettingError("give INPUT... (FASTA records to score) or {0} with {1}",
                            "variants", "reference")
+    if run.variants is not None and run.mutagenesis is not None:
+        raise SettingError("{0} and {1} are two runs: give one", "variants", "mutagenesis")
+    what = "variants" if run.variants is not None else "mutagenesis"
     if inputs:
-        raise SettingError("{0} scores against {1}: give no INPUT", "variants", "reference")
+        raise SettingError("{0} scores against {1}: give no INPUT", what, "reference")
     score_variants_command(run, *rest)
 
 
@@ -105,12 +114,14 @@ def score(
     variants: Optional[str] = VariantsOpt,
     reference: Optional[str] = ReferenceOpt,
     reduce: str = ReduceOpt,
+    rc: bool = RcOpt,
+    mutagenesis: Optional[str] = MutagenesisOpt,
 ) -> None:
     """Teacher-forced log-likelihood per record, or variant effect scores (--variants)."""
-    if variants is not None or not inputs:
+    if variants or mutagenesis or not inputs:
         return _variants(inputs, VariantRun(variants, reference, output, window, reduce, strict,
-                                            resume), model_dir, device, dtype, threads, quiet,
-                         max_memory)
+                                            resume, rc, mutagenesis), model_dir, device, dtype,
+                         threads, quiet, max_memory)
     from ..eval.score import check_logits_format, check_score_windows
     from ..limits import run_inputs, score_cap, score_windows
     from ..model.checkpoint import load_model, resolve_device

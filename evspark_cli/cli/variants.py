@@ -20,13 +20,15 @@ DEFAULT_WINDOW = 8192
 class VariantRun:
     """What `score --variants` was asked for."""
 
-    variants: str
+    variants: str | None
     reference: str | None
     output: str | None
     window: int | None
     reduce: str
     strict: bool
     resume: bool
+    rc: bool = False
+    mutagenesis: str | None = None  # ID:START-END: score every substitution of the region
 
 
 def _key(chrom: object, pos: object, ref: object, alt: object) -> tuple[str, str, str, str]:
@@ -35,56 +37,88 @@ def _key(chrom: object, pos: object, ref: object, alt: object) -> tuple[str, str
 
 def score_variants_command(run: VariantRun, model_dir: str | None, device: str, dtype: str,
                            threads: int, quiet: bool, max_memory: str | None) -> None:
-    from ..eval.variants import VARIANT_COLUMNS, check_variant_settings, score_variants
+    from ..eval.variants import VARIANT_COLUMNS, check_variant_settings
     from ..files import Output, check_distinct
     from ..io.fasta import open_reference
-    from ..io.vcf import read_variants
     from ..io.writers import PARTIAL_SUFFIX, StatsOutput, check_output_path
     from ..model.checkpoint import load_model
 
+    what = "variants" if run.variants is not None else "mutagenesis"
     if run.reference is None:
-        raise SettingError("{0} needs {1}: the FASTA the variants' positions refer to",
-                           "variants", "reference")
+        raise SettingError("{0} needs {1}: the FASTA the positions refer to", what, "reference")
+    if run.mutagenesis is not None and run.rc:
+        raise SettingError("{0} scores the forward strand only (no {1})", "mutagenesis", "rc")
     window = DEFAULT_WINDOW if run.window is None else run.window
     check_variant_settings(window, run.reduce)
     check_output_path(run.output)
-    check_distinct([run.variants, run.reference],
+    check_distinct([p for p in (run.variants, run.reference) if p is not None],
                    [Output("--output", run.output, (PARTIAL_SUFFIX,))])
     reference = open_reference(run.reference)
     try:
-        got = read_variants(run.variants, reference, run.strict, warn=warn)
+        alleles, skipped, region = _alleles(run, reference, window)
         used = use_threads(threads)
         t0 = time.monotonic()
-        with Progress("score", "variants", total=len(got.variants), quiet=quiet) as prog:
+        with Progress("score", "variants", total=len(alleles), quiet=quiet) as prog:
             prog.update(status="loading the model")
             model = load_model(model_dir, device=device, dtype=dtype, max_memory=max_memory)
             prog.update(status="")
             with StatsOutput(run.output, VARIANT_COLUMNS, resume=run.resume) as rows:
                 done = {_key(r["chrom"], r["pos"], r["ref"], r["alt"]) for r in rows.done_rows}
-                todo = [v for v in got.variants if _key(v.chrom, v.pos, v.ref, v.alt) not in done]
-                prog.advance(len(got.variants) - len(todo))
-                for site in _by_site(todo):
-                    for s in score_variants(model, reference, site, window, run.reduce):
+                todo = [v for v in alleles if _key(v.chrom, v.pos, v.ref, v.alt) not in done]
+                prog.advance(len(alleles) - len(todo))
+                for part, scores in _scored(model, reference, run, window, todo, region):
+                    for s in scores:
                         rows.write({k: (round(x, 6) if isinstance(x, float) else x)
                                     for k, x in s.row().items()})
-                    prog.advance(len(site))
+                    prog.advance(len(part))
                 rows.finish()
     finally:
         reference.close()
-    skipped = sum(got.skipped.values())
-    prog.summary(f"evspark: score: {len(got.variants):,} alleles scored "
-                 f"({len(todo):,} this run), {skipped:,} skipped, window {window:,} "
-                 f"({run.reduce}), {time.monotonic() - t0:.1f} s, {used.describe()}")
-    if not got.variants and skipped:
+    prog.summary(f"evspark: score: {len(alleles):,} alleles scored ({len(todo):,} this run), "
+                 f"{skipped:,} skipped, window {window:,} ({run.reduce}"
+                 f"{', both strands' if run.rc else ''}), {time.monotonic() - t0:.1f} s, "
+                 f"{used.describe()}")
+    if not alleles and skipped:
         fail("no allele of the VCF could be scored (see the warnings above)", 1)
 
 
-def _by_site(variants: list) -> list[list]:
-    """Consecutive alleles at one position go together (they share a reference window)."""
-    out: list[list] = []
-    for v in variants:
-        if out and (out[-1][0].chrom, out[-1][0].pos) == (v.chrom, v.pos):
-            out[-1].append(v)
-        else:
-            out.append([v])
-    return out
+def _alleles(run: VariantRun, reference, window: int
+             ) -> tuple[list, int, tuple[str, int, int] | None]:
+    """The alleles to score, how many were skipped, and the mutagenesis region (if any), all
+    checked before the model loads."""
+    from ..errors import InputError
+    from ..eval.variants import mutagenesis_window, saturation_variants
+    from ..io.regions import parse_region
+    from ..io.vcf import read_variants
+
+    if run.variants is not None:
+        got = read_variants(run.variants, reference, run.strict, warn=warn)
+        return got.variants, sum(got.skipped.values()), None
+    assert run.mutagenesis is not None
+    r = parse_region(run.mutagenesis)
+    if r.start is None or r.end is None:
+        raise SettingError.of("mutagenesis", f"needs ID:START-END, got {run.mutagenesis!r}")
+    if r.name not in reference.ids():
+        raise InputError(f"--mutagenesis {run.mutagenesis}: no record {r.name!r} in "
+                         f"{run.reference}")
+    if r.end > reference.length(r.name):
+        raise InputError(f"--mutagenesis {run.mutagenesis}: past the end of {r.name!r} "
+                         f"({reference.length(r.name):,} bases)")
+    mutagenesis_window(reference.length(r.name), r.start, r.end, window)  # the region fits
+    return saturation_variants(reference, r.name, r.start, r.end), 0, (r.name, r.start, r.end)
+
+
+def _scored(model, reference, run: VariantRun, window: int, todo: list,
+            region: tuple[str, int, int] | None):
+    """(alleles, their scores) as they finish: a VCF's site by site; a mutagenesis region in
+    one pass (the alleles a resumed partial already holds left out of what is written)."""
+    from ..eval.variants import consecutive_sites, score_mutagenesis, score_variants
+
+    if region is not None:
+        if todo:
+            wanted = set(todo)
+            yield todo, [s for s in score_mutagenesis(model, reference, *region, window,
+                                                      run.reduce) if s.variant in wanted]
+        return
+    for site in consecutive_sites(todo):
+        yield site, score_variants(model, reference, site, window, run.reduce, rc=run.rc)

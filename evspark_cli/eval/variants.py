@@ -8,6 +8,7 @@ window with REF replaced by ALT at o (an insertion makes it longer, a deletion s
 right end is not refilled). A window's score is the log-likelihood of its bases 1.. given the
 bases before them (nats; the first base has no context), reduced by `mean` (Evo 2's default:
 over the window's scored bases) or `sum`; delta = alt - ref. Letters are scored as uppercase.
+With `rc`, a score is the mean of the window's and its reverse complement's.
 
 Every window of a site shares the bases before o, and a causal model's state after them is the
 same for all of them. So a site's shared prefix is prefilled once and forked into one row per
@@ -22,11 +23,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from Bio.Seq import reverse_complement
 from torch import Tensor
 
 from ..errors import SettingError
 from ..io.types import Variant
 from ..model.model import StripedHyena
+from ..model.state import InferenceState
 
 REDUCTIONS = ("mean", "sum")
 VARIANT_COLUMNS = ("chrom", "pos", "id", "ref", "alt", "ref_ll", "alt_ll", "delta")
@@ -159,25 +162,144 @@ def _extend_rows(model: StripedHyena, state, rows: Tensor) -> Tensor:
 
 
 def score_variants(model: StripedHyena, reference: Reference, variants: Sequence[Variant],
-                   window: int = 8192, reduce: str = "mean", naive: bool = False
-                   ) -> list[VariantScore]:
+                   window: int = 8192, reduce: str = "mean", naive: bool = False,
+                   rc: bool = False) -> list[VariantScore]:
     """Score each variant (checked against `reference`: io/vcf.py) on its contig, in input
-    order. Variants at one position that share a reference window are scored as one
-    site: its reference window once, each ALT as a row of the site's pass."""
+    order. Consecutive variants at one position that share a reference window are scored as
+    one site: its reference window once, each ALT as a row of the site's pass. `rc`: each score
+    is the mean of the window's and its reverse complement's (whose windows share the bases
+    after the variant, reversed)."""
     check_variant_settings(window, reduce)
-    out: list[VariantScore | None] = [None] * len(variants)
-    sites: dict[tuple[str, int, int, str], list[tuple[int, Window]]] = {}
-    for i, v in enumerate(variants):
-        w = variant_window(reference, v, window)
-        sites.setdefault((v.chrom, w.start, w.offset, w.ref), []).append((i, w))
-    for members in sites.values():
-        offset = members[0][1].offset
-        ref = members[0][1].ref
-        alts = [w.alt for _, w in members]
-        if naive:
-            scores = [window_ll(model, s, reduce) for s in [ref] + alts]
+    out: list[VariantScore] = []
+    for group in consecutive_sites(variants):  # windows held for one position at a time
+        sites: dict[tuple[int, int, str], list[tuple[Variant, Window]]] = {}
+        for v in group:
+            w = variant_window(reference, v, window)
+            sites.setdefault((w.start, w.offset, w.ref), []).append((v, w))
+        scored: dict[int, VariantScore] = {}
+        for members in sites.values():
+            ref = members[0][1].ref
+            windows = [ref] + [w.alt for _, w in members]
+            scores = _site_scores(model, members[0][1].offset, windows, reduce, naive)
+            if rc:
+                tail = min(len(ref) - w.offset - len(v.ref) for v, w in members)
+                back = _site_scores(model, tail, [reverse_complement(x) for x in windows],
+                                    reduce, naive)
+                scores = [(a + b) / 2 for a, b in zip(scores, back)]
+            for (v, _), alt_ll in zip(members, scores[1:]):
+                scored[id(v)] = VariantScore(v, scores[0], alt_ll)
+        out += [scored[id(v)] for v in group]
+    return out
+
+
+def consecutive_sites(variants: Sequence[Variant]) -> list[list[Variant]]:
+    """Runs of consecutive variants at one position (a VCF's ALTs of a record, or records of one
+    site written next to each other): they may share a reference window."""
+    out: list[list[Variant]] = []
+    for v in variants:
+        if out and (out[-1][0].chrom, out[-1][0].pos) == (v.chrom, v.pos):
+            out[-1].append(v)
         else:
-            scores = score_site(model, offset, [ref] + alts, reduce)
-        for (i, _), alt_ll in zip(members, scores[1:]):
-            out[i] = VariantScore(variants[i], scores[0], alt_ll)
-    return [s for s in out if s is not None]
+            out.append([v])
+    return out
+
+
+def _site_scores(model: StripedHyena, offset: int, windows: list[str], reduce: str,
+                 naive: bool) -> list[float]:
+    if naive:
+        return [window_ll(model, w, reduce) for w in windows]
+    return score_site(model, offset, windows, reduce)
+
+
+def mutagenesis_window(length: int, start: int, end: int, window: int) -> tuple[int, int]:
+    """The one window (0-based start, end) that holds the 1-based region start..end of a contig
+    of `length` bases: `window` bases centred on the region (shifted inside the contig near its
+    ends; the whole contig when it is shorter)."""
+    if end - start + 1 > window:
+        raise SettingError.of("mutagenesis", f"a region of {end - start + 1:,} bases does not fit "
+                                             f"in one --window of {window:,}")
+    mid = (start - 1 + end) // 2
+    w0 = max(0, min(mid - window // 2, length - window))
+    return w0, min(length, w0 + window)
+
+
+def saturation_variants(reference: Reference, chrom: str, start: int, end: int) -> list[Variant]:
+    """Every base of chrom:start-end (1-based, inclusive) to each of the three others, in order
+    (positions whose reference letter is not A, C, G or T are left out)."""
+    seq = reference.fetch(chrom, start, end).upper()
+    return [Variant(chrom, start + i, ".", b, a) for i, b in enumerate(seq) if b in "ACGT"
+            for a in "ACGT" if a != b]
+
+
+@torch.inference_mode()
+def score_mutagenesis(model: StripedHyena, reference: Reference, chrom: str, start: int,
+                      end: int, window: int = 8192, reduce: str = "mean", naive: bool = False
+                      ) -> list[VariantScore]:
+    """In-silico saturation mutagenesis of chrom:start-end in one window that holds the region
+    (`mutagenesis_window`): every variant's reference window is that window, its alternative the
+    window with one base changed.
+
+    One reference pass serves every variant: the window is run once (its per-base
+    log-likelihoods give each variant's shared prefix), the region is fed as blocks whose
+    `commit(j)` is the state before each of its bases (the rollback protocol: slicing, no
+    recomputation), and each position's three alternatives fork that state and extend only
+    the alternative base and the rest of the window. `naive`: every window from scratch."""
+    check_variant_settings(window, reduce)
+    w0, w1 = mutagenesis_window(reference.length(chrom), start, end, window)
+    seq = reference.fetch(chrom, w0 + 1, w1).upper()
+    variants = saturation_variants(reference, chrom, start, end)
+    n_scored = len(seq) - 1
+    if naive:
+        ref_ll = window_ll(model, seq, reduce)
+        return [VariantScore(v, ref_ll, window_ll(model, _mutate(seq, v.pos - 1 - w0, v.alt),
+                                                  reduce)) for v in variants]
+    ids = torch.tensor(_ids(seq), dtype=torch.long, device=model.device)
+    full = model(ids[None])[0]  # the reference window, once: each base's prediction
+    ll = _token_ll(full[:-1], ids[1:]).double()  # ll[i]: log p(base i + 1 | bases 0..i)
+    before = torch.cat([ll.new_zeros(1), ll.cumsum(0)])  # before[k]: bases 1..k
+    ref_total = float(before[-1])
+    by_pos: dict[int, list[Variant]] = {}
+    for v in variants:
+        by_pos.setdefault(v.pos - 1 - w0, []).append(v)
+    totals: list[VariantScore] = []
+    for v in by_pos.pop(0, []):  # the window's first base: nothing before it to share
+        totals.append(VariantScore(v, ref_total, window_ll(model, _mutate(seq, 0, v.alt), "sum")))
+    if by_pos:
+        o, last = min(by_pos), max(by_pos)
+        _, _, state = model.prefill(ids[None, :o], reserve=len(seq) - o + 1)
+        chunk = model.prefill_chunk()
+        while o <= last:
+            stop = min(last + 1, o + chunk)
+            block = model.extend(state, ids[None, o:stop])[2]
+            for p in range(o, stop):
+                if p in by_pos:  # the state before base p: the block's commit (none for o)
+                    at = state if p == o else block.commit(p - o)
+                    totals += _alternatives(model, at, ids, p, by_pos[p], full[p - 1],
+                                            float(before[p - 1]), ref_total)
+            state, o = block.commit(stop - o), stop
+    order = {v: i for i, v in enumerate(variants)}
+    totals.sort(key=lambda s: order[s.variant])
+    return [VariantScore(s.variant, _reduce(s.ref_ll, n_scored, reduce),
+                         _reduce(s.alt_ll, n_scored, reduce)) for s in totals]
+
+
+def _mutate(seq: str, o: int, alt: str) -> str:
+    return seq[:o] + alt + seq[o + 1:]
+
+
+def _alternatives(model: StripedHyena, at: InferenceState, ids: Tensor, p: int,
+                  here: list[Variant], prev: Tensor, prefix: float, ref_total: float
+                  ) -> list[VariantScore]:
+    """Window totals (nats, not reduced) of the alternatives at position p >= 1: `at` is the
+    state after the window's first p bases, `prev` the logits that predict base p, `prefix` the
+    log-likelihood of bases 1..p-1 (shared by every alternative at p)."""
+    rows = ids[p:].repeat(len(here), 1)
+    rows[:, 0] = torch.tensor([ord(v.alt) for v in here], dtype=torch.long, device=ids.device)
+    ext = _extend_rows(model, at.select([0] * len(here)), rows)
+    out = []
+    for i, v in enumerate(here):
+        total = prefix + float(_token_ll(prev, rows[i, 0]))
+        if rows.shape[1] > 1:
+            total += float(_token_ll(ext[i, :-1], rows[i, 1:]).double().sum())
+        out.append(VariantScore(v, ref_total, total))
+    return out
