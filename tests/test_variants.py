@@ -289,3 +289,34 @@ def test_mutagenesis_on_the_command_line(tmp_path, phix_model, phix):
                      "-q"])
         assert r.code == 2, (bad, r.err)
         assert re.search(pattern, r.err.strip().splitlines()[-1]), r.err
+
+
+def test_hostile_variant_inputs_are_one_line_and_exit_2(tmp_path, phix_model, phix):
+    """The reliability battery's rows for `score --variants` and `--mutagenesis`."""
+    from battery import refused
+
+    seq = phix.fetch("NC_001422.1", 1, 20)
+    wrong = "A" if seq[9] != "A" else "C"
+    ref = FIXTURES / "phiX174.fa.gz"
+    notvcf = tmp_path / "notes.vcf"
+    notvcf.write_text("sample sheet, not a VCF\n")
+    mismatch = _vcf(tmp_path, f"NC_001422.1\t10\tm\t{wrong}\tG\t.\t.\t.\n", "mismatch.vcf")
+    absent = _vcf(tmp_path, "nowhere\t5\ta\tA\tC\t.\t.\t.\n", "absent.vcf")
+    base = ["score", "--model", phix_model, "--window", 256, "-q"]
+    cases = [
+        ("VCF that does not exist", ["--variants", tmp_path / "none.vcf", "--reference", ref],
+         "none.vcf"),
+        ("VCF that is not a VCF", ["--variants", notvcf, "--reference", ref], "notes.vcf"),
+        ("--variants without --reference", ["--variants", mismatch], "--reference"),
+        ("REF not the reference's, --strict", ["--variants", mismatch, "--reference", ref,
+                                               "--strict"], "does not match the reference"),
+        ("contig absent from the reference, --strict",
+         ["--variants", absent, "--reference", ref, "--strict"], "absent from the reference"),
+        ("--mutagenesis without coordinates", ["--mutagenesis", "NC_001422.1", "--reference",
+                                               ref], "ID:START-END"),
+        ("--mutagenesis region longer than --window",
+         ["--mutagenesis", "NC_001422.1:1-400", "--reference", ref], "does not fit"),
+    ]
+    for case, args, pattern in cases:
+        refused(f"score: {case}", [*base, *args], 2, re.escape(pattern), tmp_path,
+                MODEL=phix_model, REF=ref.parent)

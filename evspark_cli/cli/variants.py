@@ -97,7 +97,8 @@ def _alleles(run: VariantRun, reference, window: int
     assert run.mutagenesis is not None
     r = parse_region(run.mutagenesis)
     if r.start is None or r.end is None:
-        raise SettingError.of("mutagenesis", f"needs ID:START-END, got {run.mutagenesis!r}")
+        raise SettingError.of("mutagenesis", f"needs ID:START-END, got {run.mutagenesis!r}",
+                              sep=": ")
     if r.name not in reference.ids():
         raise InputError(f"--mutagenesis {run.mutagenesis}: no record {r.name!r} in "
                          f"{run.reference}")

@@ -217,7 +217,7 @@ def mutagenesis_window(length: int, start: int, end: int, window: int) -> tuple[
     ends; the whole contig when it is shorter)."""
     if end - start + 1 > window:
         raise SettingError.of("mutagenesis", f"a region of {end - start + 1:,} bases does not fit "
-                                             f"in one --window of {window:,}")
+                                             f"in one --window of {window:,}", sep=": ")
     mid = (start - 1 + end) // 2
     w0 = max(0, min(mid - window // 2, length - window))
     return w0, min(length, w0 + window)

@@ -10,6 +10,7 @@ that does not match the reference there (case ignored). A REF equal to its ALT i
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -55,10 +56,17 @@ def iter_records(path: str) -> Iterator[tuple[str, int, str, str, tuple[str, ...
     import pysam
 
     pysam.set_verbosity(0)  # htslib's own warnings would bypass our one-line messages
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, not a VCF or BCF file")
     try:
         vf = pysam.VariantFile(path)
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot read variants from {path}: {e}") from None
+    except PermissionError:
+        raise InputError(f"{path}: permission denied") from None
+    except (OSError, ValueError):
+        raise InputError(f"{path}: not a VCF or BCF file (htslib could not read its "
+                         "header)") from None
     with vf:
         try:
             for rec in vf:
