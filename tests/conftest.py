@@ -152,7 +152,8 @@ def masked_fa(tmp_path) -> Path:
     return p
 
 
-def pytest_sessionfinish(session, exitstatus) -> None:
-    """With EVSPARK_UPDATE_RELIABILITY=1 the battery's rows of this run go into RELIABILITY.md."""
+def pytest_unconfigure(config) -> None:
+    """When the test run ends: with EVSPARK_UPDATE_RELIABILITY=1 the battery's rows of this run
+    go into RELIABILITY.md."""
     if battery.updating():
         battery.write_recorded()
