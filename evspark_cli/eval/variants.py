@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from Bio.Seq import reverse_complement
 from torch import Tensor
 
 from ..errors import SettingError
+from ..io.indexed import Source as Reference  # pyfaidx or in memory: ids, length, fetch
 from ..io.types import Variant
 from ..model.model import StripedHyena
 from ..model.state import InferenceState
@@ -35,16 +35,6 @@ REDUCTIONS = ("mean", "sum")
 VARIANT_COLUMNS = ("chrom", "pos", "id", "ref", "alt", "ref_ll", "alt_ll", "delta")
 """Columns of a variant score table (TSV); `pos` is the VCF's 1-based position."""
 PAD = ord("N")  # fills a shorter allele's row of a batched pass (after its end: never scored)
-
-
-class Reference(Protocol):
-    """The reference genome, by contig (io/indexed.py's `Source`: pyfaidx or in memory)."""
-
-    def ids(self) -> list[str]: ...
-
-    def length(self, name: str) -> int: ...
-
-    def fetch(self, name: str, start: int, end: int) -> str: ...  # 1-based, inclusive
 
 
 @dataclass(frozen=True)
