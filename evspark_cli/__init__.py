@@ -1,7 +1,7 @@
 """EvSpark: lossless speculative decoding for StripedHyena 2 (Evo 2-style) DNA models.
 
 The stable Python API (the contract in docs/): `load_model`, `convert_checkpoint`, `tokenize`,
-`detokenize`, `generate`, `generate_many`, `score`, `score_variants`; a model offers
+`detokenize`, `generate`, `generate_many`, `score`, `score_variants`, `embed`; a model offers
 `forward`, `prefill`, `extend` and blocks offer `commit`.
 Names are resolved lazily so that `evspark --help` does not import torch.
 """
@@ -29,6 +29,7 @@ _API = {
     "ScoreResult": "evspark_cli.api",
     "score_variants": "evspark_cli.api",
     "VariantScore": "evspark_cli.api",
+    "embed": "evspark_cli.api",
     "ModelConfig": "evspark_cli.model.config",
     "StripedHyena": "evspark_cli.model.model",
 }

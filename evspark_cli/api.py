@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import defaults
 from .cpus import Threads, clamp_threads
@@ -23,6 +24,9 @@ from .generation.plan import plan_batch
 from .generation.results import GenerateOutput
 from .generation.run import GenerationRun
 from .model.model import StripedHyena
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["GenerateOutput", "ScoreResult", "VariantScore", "generate", "generate_many", "score",
            "score_variants", "set_threads"]
@@ -179,3 +183,28 @@ def score_variants(model: StripedHyena, vcf: str, reference: str, window: int = 
         return scoring.score_variants(model, ref, got.variants, window, reduce, rc=rc)
     finally:
         ref.close()
+
+
+def embed(model: StripedHyena, prompt: str | Sequence[int], layers: str | Sequence[str],
+          pool: str = "mean", window: int | None = None, context: int | None = None,
+          dtype: str = "float32", max_memory: str | int | None = None) -> dict[str, Tensor]:
+    """The activations of `layers` (Evo 2's module names such as "blocks.28.mlp.l3" or
+    EvSpark's such as "block.28.mlp", "final": `evspark info --layers`) over `prompt`, pooled
+    as `evspark embed` pools them (`mean`, `last`, or `none` for every position), keyed by the
+    module name: (D,) tensors, or (L, D) with `none`, in `dtype`. `window` and `context`
+    default as the command's do (8,192 each, within the model's context); passes that would
+    not fit in memory (or `max_memory`) are refused before any work."""
+    import torch
+
+    from .eval import embed as embedding
+    from .model.memory import run_budget
+
+    embedding.check_embed_settings(pool, dtype)
+    window, context = embedding.embed_spans(model.config, window, context)
+    names = embedding.resolve_layers(model, [layers] if isinstance(layers, str) else layers)
+    ids = prompt_ids(prompt, model.config.vocab_size)
+    budget = run_budget(model.device, max_memory, model.num_parameters() * 4)
+    embedding.check_embed_memory(model, [len(ids)], len(names), pool, dtype, window, context,
+                                 budget)
+    return embedding.embed_record(model, torch.tensor(ids, dtype=torch.long), names, pool,
+                                  window, context, dtype)

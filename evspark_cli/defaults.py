@@ -19,3 +19,6 @@ RULE = "residual"
 DRAFT_LENGTH = "fixed"
 ALPHABET = "all"
 DEVICE = "auto"
+
+EMBED_SPAN = 8192
+"""`evspark embed`: positions per pass, and the bases each pass starts earlier (eval/embed.py)."""

@@ -34,6 +34,7 @@ SMOKE = {
     "memory_check": ["--cases", "2k-64x", "--threads", "1", "--tolerance", "10"],
     "mixed_profile": ["--records", "2", "--samples", "1", "--tokens", "4", "--lengths", "64,128",
                       "--equal-length", "96", "--batch-size", "2", "--threads", "1"],
+    "embed_check": ["--prompts-n", "2", "--threads", "1"],
     "variant_bar": ["--variants", "3", "--window", "256", "--mutagenesis-bases", "2",
                     "--threads", "1"],
 }

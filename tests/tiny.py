@@ -118,7 +118,7 @@ def one_line_error(r: "CliResult", code: int) -> str:
     """The one `evspark: error:` line of a failed run with exit `code` (no traceback); warning
     lines about the input (`evspark: warning:`) and a run's summary line may come before it."""
     lines = [ln for ln in r.err.strip().splitlines() if not ln.startswith("evspark: warning:")
-             and not re.match(r"evspark: (generate|verify|score|train|distill|bench): ", ln)]
+             and not re.match(r"evspark: (generate|verify|score|embed|train|distill|bench): ", ln)]
     assert r.code == code, r.err
     assert len(lines) == 1 and lines[0].startswith("evspark: error:"), r.err
     assert "internal error" not in r.err and "Traceback" not in r.err, r.err

@@ -10,7 +10,7 @@ import typer
 
 from .app import command
 from .common import out_line
-from .options import MaxMemoryOpt, ModelOpt
+from .options import MaxMemoryOpt, ModelOpt, option
 
 EXAMPLE = """Example: what the bundled target holds, or any converted model, or a drafter:
 
@@ -24,7 +24,9 @@ FolderArg = typer.Argument(None, metavar="[FOLDER]", show_default=False,
 
 @command()
 def info(folder: Optional[str] = FolderArg, model_dir: Optional[str] = ModelOpt,
-         max_memory: Optional[str] = MaxMemoryOpt) -> None:
+         max_memory: Optional[str] = MaxMemoryOpt,
+         layers: bool = option(False, "--layers", help="List the layers `evspark embed` takes: "
+                               "Evo 2's module name and EvSpark's, one per line.")) -> None:
     """Architecture, parameters, layer pattern, state size and training summary of a model, or
     of a drafter folder."""
     from ..decode.drafters.dspark import is_drafter_folder
@@ -34,9 +36,22 @@ def info(folder: Optional[str] = FolderArg, model_dir: Optional[str] = ModelOpt,
         raise SettingError("give the folder once: as FOLDER or with {0}", "model")
     where = folder if folder is not None else model_dir
     if where is not None and is_drafter_folder(where):
+        if layers:
+            raise SettingError("{0} lists a model's layers, not a drafter's", "layers")
         _drafter_info(where, max_memory)
+    elif layers:
+        _layer_names(where, max_memory)
     else:
         _model_info(where, max_memory)
+
+
+def _layer_names(model_dir: str | None, max_memory: str | None) -> None:
+    from ..eval.embed import layer_names
+    from ..model.checkpoint import load_model
+
+    model = load_model(model_dir, device="cpu", max_memory=max_memory)
+    for evo2, short in layer_names(model):
+        out_line(f"{evo2}\t{short}")
 
 
 def _model_info(model_dir: str | None, max_memory: str | None) -> None:

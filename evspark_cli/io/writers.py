@@ -182,6 +182,10 @@ class _PartialOutput:
     def _scan(self, data: bytes) -> tuple[int, list[str]]:
         raise NotImplementedError
 
+    def _rewrites(self) -> bool:
+        """Whether OUTPUT is written from the partial (`_publish`) rather than renamed from it."""
+        return self.compressed or self.index
+
     # -- file handling
     def _refuse_odd(self, st: os.stat_result) -> None:
         """Only a regular file is a partial: a symlink is never followed (it could point at any
@@ -277,15 +281,17 @@ class _PartialOutput:
         except OSError as e:
             raise RunError(f"{self.partial}: write failed ({e.strerror or e})") from None
 
-    def _emit(self, text: str, record_id: str) -> None:
+    def _emit(self, text: str | bytes, record_id: str) -> None:
+        """One record: text (on standard output too) or, for a binary partial, bytes."""
         if self._finished:
             raise ValueError("output already finished")
         if self.path is None:
+            assert isinstance(text, str)
             write_stdout(text)
         else:
             if self._fd is None:
                 raise ValueError("output is closed")
-            self._write_bytes(text.encode("utf-8"))
+            self._write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
         self.done_ids.add(record_id)
 
     def finish(self, order: Sequence[str] | None = None) -> None:
@@ -311,7 +317,7 @@ class _PartialOutput:
             os.fsync(self._fd)
             if not self._still_ours():
                 raise self._lost()
-            if self.compressed or self.index:
+            if self._rewrites():
                 self._publish(order)
                 os.unlink(self.partial)  # its records are in OUTPUT
             elif order is not None and self._reorder(order):

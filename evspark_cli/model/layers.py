@@ -237,12 +237,20 @@ class GatedMLP(nn.Module):
         D, Fdim = cfg.hidden_size, cfg.mlp_size
         self.l1 = nn.Linear(D, Fdim, bias=False)
         self.l2 = nn.Linear(D, Fdim, bias=False)
-        self.l3 = nn.Linear(Fdim, D, bias=False)
+        self.l3 = Projection(Fdim, D, bias=False)
         self.gelu = layer == 0 or not cfg.evo2_style_activations
         self._derived = Derived()
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """The MLP's output, added to `residual` when one is given."""
+        return linear(self._gated(x), self.l3.weight, residual=residual)
+
+    def forward_hooked(self, x: Tensor) -> Tensor:
+        """`forward` without a residual, calling `l3` as a module (its forward hooks fire)."""
+        return self.l3(self._gated(x))
+
+    def _gated(self, x: Tensor) -> Tensor:
+        """act(l1 x) * l2 x, the input of l3."""
         if not torch.is_grad_enabled():
             # inference: one fused [l1; l2] product streams both weights in one pass
             w = self._derived.get("l12", (self.l1.weight, self.l2.weight),
@@ -250,7 +258,15 @@ class GatedMLP(nn.Module):
             a, b = linear_halves(x, w)
         else:
             a, b = F.linear(x, self.l1.weight), F.linear(x, self.l2.weight)
-        return linear((gelu(a) if self.gelu else a) * b, self.l3.weight, residual=residual)
+        return (gelu(a) if self.gelu else a) * b
+
+
+class Projection(nn.Linear):
+    """An `nn.Linear` computed by `linear`, the product the model's own passes compute, so that
+    a forward hook on it (Evo 2's embeddings hook `blocks.N.mlp.l3`) sees the model's numbers."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 class ResidualBlock(nn.Module):
@@ -278,3 +294,19 @@ class ResidualBlock(nn.Module):
         x, pending = self.mix(rms_norm(x, self.pre_norm.scale, self.pre_norm.eps), st, t0, x,
                               position)
         return self.mlp.forward(rms_norm(x, self.post_norm.scale, self.post_norm.eps), x), pending
+
+    def forward_hooked(self, x: Tensor, t0, keep: Callable[[str, Tensor], None]) -> Tensor:
+        """The stateless `forward`, calling the norms and the MLP's `l3` as modules (forward
+        hooks on them fire) and telling `keep(name, tensor)` the block's inner activations:
+        "pre_norm", "post_norm", "mlp" (l3's output) and "" (the block's output). The same
+        products as `forward`, so the output is the same tensor bit for bit."""
+        h = self.pre_norm(x)
+        keep("pre_norm", h)
+        x, _ = self.mix(h, None, t0, x, None)
+        h = self.post_norm(x)
+        keep("post_norm", h)
+        m = self.mlp.forward_hooked(h)
+        keep("mlp", m)
+        out = x + m
+        keep("", out)
+        return out

@@ -87,6 +87,44 @@ class StripedHyena(nn.Module):
         logits, hid, _ = self._run(ids, None, return_hidden)
         return (logits, hid) if return_hidden else logits
 
+    def activation_names(self) -> list[str]:
+        """The activations `activations` can return, named by module path as Evo 2's and
+        vortex's checkpoints name them: `embedding_layer`, then per block `blocks.{i}.pre_norm`,
+        `blocks.{i}.post_norm`, `blocks.{i}.mlp.l3` (the MLP's output, before the residual
+        add) and `blocks.{i}` (the block's output), and `norm` with a final norm."""
+        names = ["embedding_layer"]
+        for i in range(len(self.blocks)):
+            names += [f"blocks.{i}.pre_norm", f"blocks.{i}.post_norm", f"blocks.{i}.mlp.l3",
+                      f"blocks.{i}"]
+        return names + (["norm"] if self.config.final_norm else [])
+
+    @torch.inference_mode()
+    def activations(self, ids: Tensor, names: Sequence[str]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Logits (B, L, V) of whole sequences and the named activations (B, L, D) of the same
+        pass (`activation_names`). The stateless `forward`, with every norm, block and `l3`
+        called as a module, so that forward hooks on them fire as they do on Evo 2's model;
+        its logits are `forward`'s, bit for bit."""
+        unknown = sorted(set(names) - set(self.activation_names()))
+        if unknown:
+            raise KeyError(f"no activation named {unknown[0]!r}")
+        wanted = set(names)
+        got: dict[str, Tensor] = {}
+
+        def keep(name: str, t: Tensor) -> None:
+            if name in wanted:
+                got[name] = t
+
+        x = self.embedding_layer(ids)
+        keep("embedding_layer", x)
+        t0 = (0,) * ids.shape[0]
+        for i, blk in enumerate(self.blocks):
+            x = blk.forward_hooked(x, t0, lambda n, t, i=i: keep(
+                f"blocks.{i}" + (f".{n}" if n else "") + (".l3" if n == "mlp" else ""), t))
+        if self.config.final_norm:
+            x = self.norm(x)
+            keep("norm", x)
+        return linear(x, self.embedding_layer.weight), got
+
     def empty_state(self, batch: int = 1, capacity: int = 1024) -> InferenceState:
         """The state before any token: zero FIR windows, zero modal states, empty KV caches."""
         layers = []
