@@ -249,6 +249,15 @@ def test_score_variants_on_the_command_line_and_in_the_api(tmp_path, phix_model,
     assert r.code == 0, r.err
     assert "(1 this run)" in r.err
     assert out.read_text().splitlines() == lines
+    # --shard I/N: whole sites, site i in shard i mod N + 1; the shards' rows are the run's
+    shards = []
+    for i in (1, 2):
+        part = tmp_path / f"shard{i}.tsv"
+        r = run_cli([*args[:-3], "-o", part, "-q", "--shard", f"{i}/2"])
+        assert r.code == 0, r.err
+        shards.append(part.read_text().splitlines())
+    assert shards[0][0] == lines[0] and shards[1][0] == lines[0]
+    assert shards[0][1:] == [lines[1], lines[3]] and shards[1][1:] == [lines[2]]
     for bad, pattern in ((["--variants", vcf], "--reference"),
                          ([ref, "--variants", vcf, "--reference", ref], "give no INPUT"),
                          (["--variants", vcf, "--reference", ref, "--reduce", "max"], "--reduce"),
@@ -278,13 +287,20 @@ def test_mutagenesis_on_the_command_line(tmp_path, phix_model, phix):
         assert (chrom, int(pos), refb, alt) == (n.variant.chrom, n.variant.pos, n.variant.ref,
                                                 n.variant.alt)
         assert float(delta) == pytest.approx(n.delta, abs=1e-4)
+    # a shard scores whole positions (their three alternatives), from the same reference pass
+    part = tmp_path / "sat2.tsv"
+    r = run_cli(["score", "--mutagenesis", "NC_001422.1:101-104", "--reference", ref,
+                 "--model", phix_model, "--window", 256, "-o", part, "-q", "--shard", "2/3"])
+    assert r.code == 0, r.err
+    assert part.read_text().splitlines()[1:] == lines[3:6]
     vcf = _vcf(tmp_path, "NC_001422.1\t5\t.\tA\tC\t.\t.\t.\n")
     for bad, pattern in ((["--mutagenesis", "NC_001422.1:1-4", "--rc"], "--rc"),
                          (["--mutagenesis", "NC_001422.1"], "ID:START-END"),
                          (["--mutagenesis", "NC_001422.1:5000-5400"], "past the end"),
                          (["--mutagenesis", "chrZ:1-4"], "no record 'chrZ'"),
                          (["--mutagenesis", "NC_001422.1:1-400"], "does not fit"),
-                         (["--mutagenesis", "NC_001422.1:1-4", "--variants", vcf], "give one")):
+                         (["--mutagenesis", "NC_001422.1:1-4", "--variants", vcf], "give one"),
+                         (["--mutagenesis", "NC_001422.1:1-4", "--shard", "3/2"], "--shard")):
         r = run_cli(["score", *bad, "--reference", ref, "--model", phix_model, "--window", 256,
                      "-q"])
         assert r.code == 2, (bad, r.err)

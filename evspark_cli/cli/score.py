@@ -120,8 +120,8 @@ def score(
     """Teacher-forced log-likelihood per record, or variant effect scores (--variants)."""
     if variants or mutagenesis or not inputs:
         return _variants(inputs, VariantRun(variants, reference, output, window, reduce, strict,
-                                            resume, rc, mutagenesis), model_dir, device, dtype,
-                         threads, quiet, max_memory)
+                                            resume, rc, mutagenesis, shard), model_dir, device,
+                         dtype, threads, quiet, max_memory)
     from ..eval.score import check_logits_format, check_score_windows
     from ..limits import run_inputs, score_cap, score_windows
     from ..model.checkpoint import load_model, resolve_device

@@ -29,6 +29,7 @@ class VariantRun:
     resume: bool
     rc: bool = False
     mutagenesis: str | None = None  # ID:START-END: score every substitution of the region
+    shard: str | None = None  # I/N: the sites (mutagenesis: positions) i with i mod N == I-1
 
 
 def _key(chrom: object, pos: object, ref: object, alt: object) -> tuple[str, str, str, str]:
@@ -48,6 +49,10 @@ def score_variants_command(run: VariantRun, model_dir: str | None, device: str, 
         raise SettingError("{0} needs {1}: the FASTA the positions refer to", what, "reference")
     if run.mutagenesis is not None and run.rc:
         raise SettingError("{0} scores the forward strand only (no {1})", "mutagenesis", "rc")
+    if run.shard is not None:
+        from ..io.shard import parse_shard
+
+        parse_shard(run.shard)
     window = DEFAULT_WINDOW if run.window is None else run.window
     check_variant_settings(window, run.reduce)
     check_output_path(run.output)
@@ -74,7 +79,8 @@ def score_variants_command(run: VariantRun, model_dir: str | None, device: str, 
                 rows.finish()
     finally:
         reference.close()
-    prog.summary(f"evspark: score: {len(alleles):,} alleles scored ({len(todo):,} this run), "
+    of = f" in shard {run.shard}" if run.shard else ""
+    prog.summary(f"evspark: score: {len(alleles):,} alleles scored{of} ({len(todo):,} this run), "
                  f"{skipped:,} skipped, window {window:,} ({run.reduce}"
                  f"{', both strands' if run.rc else ''}), {time.monotonic() - t0:.1f} s, "
                  f"{used.describe()}")
@@ -93,7 +99,7 @@ def _alleles(run: VariantRun, reference, window: int
 
     if run.variants is not None:
         got = read_variants(run.variants, reference, run.strict, warn=warn)
-        return got.variants, sum(got.skipped.values()), None
+        return _shard(got.variants, run.shard), sum(got.skipped.values()), None
     assert run.mutagenesis is not None
     r = parse_region(run.mutagenesis)
     if r.start is None or r.end is None:
@@ -106,7 +112,20 @@ def _alleles(run: VariantRun, reference, window: int
         raise InputError(f"--mutagenesis {run.mutagenesis}: past the end of {r.name!r} "
                          f"({reference.length(r.name):,} bases)")
     mutagenesis_window(reference.length(r.name), r.start, r.end, window)  # the region fits
-    return saturation_variants(reference, r.name, r.start, r.end), 0, (r.name, r.start, r.end)
+    return (_shard(saturation_variants(reference, r.name, r.start, r.end), run.shard), 0,
+            (r.name, r.start, r.end))
+
+
+def _shard(alleles: list, shard: str | None) -> list:
+    """A shard's alleles: whole sites (a position's alleles), site i in shard i mod N + 1."""
+    from ..eval.variants import consecutive_sites
+    from ..io.shard import in_shard, parse_shard
+
+    if shard is None:
+        return alleles
+    which = parse_shard(shard)
+    return [v for i, site in enumerate(consecutive_sites(alleles)) if in_shard(i, which)
+            for v in site]
 
 
 def _scored(model, reference, run: VariantRun, window: int, todo: list,
@@ -117,9 +136,8 @@ def _scored(model, reference, run: VariantRun, window: int, todo: list,
 
     if region is not None:
         if todo:
-            wanted = set(todo)
-            yield todo, [s for s in score_mutagenesis(model, reference, *region, window,
-                                                      run.reduce) if s.variant in wanted]
+            yield todo, score_mutagenesis(model, reference, *region, window, run.reduce,
+                                          only=todo)
         return
     for site in consecutive_sites(todo):
         yield site, score_variants(model, reference, site, window, run.reduce, rc=run.rc)

@@ -18,7 +18,7 @@ tests and the benchmark compare against.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -223,8 +223,8 @@ def saturation_variants(reference: Reference, chrom: str, start: int, end: int) 
 
 @torch.inference_mode()
 def score_mutagenesis(model: StripedHyena, reference: Reference, chrom: str, start: int,
-                      end: int, window: int = 8192, reduce: str = "mean", naive: bool = False
-                      ) -> list[VariantScore]:
+                      end: int, window: int = 8192, reduce: str = "mean", naive: bool = False,
+                      only: Collection[Variant] | None = None) -> list[VariantScore]:
     """In-silico saturation mutagenesis of chrom:start-end in one window that holds the region
     (`mutagenesis_window`): every variant's reference window is that window, its alternative the
     window with one base changed.
@@ -233,11 +233,16 @@ def score_mutagenesis(model: StripedHyena, reference: Reference, chrom: str, sta
     log-likelihoods give each variant's shared prefix), the region is fed as blocks whose
     `commit(j)` is the state before each of its bases (the rollback protocol: slicing, no
     recomputation), and each position's three alternatives fork that state and extend only
-    the alternative base and the rest of the window. `naive`: every window from scratch."""
+    the alternative base and the rest of the window. `naive`: every window from scratch.
+    `only`: score just these of the region's variants (a shard's, or those a resumed run
+    lacks); the reference pass is the same."""
     check_variant_settings(window, reduce)
     w0, w1 = mutagenesis_window(reference.length(chrom), start, end, window)
     seq = reference.fetch(chrom, w0 + 1, w1).upper()
     variants = saturation_variants(reference, chrom, start, end)
+    if only is not None:
+        wanted = set(only)
+        variants = [v for v in variants if v in wanted]
     n_scored = len(seq) - 1
     if naive:
         ref_ll = window_ll(model, seq, reduce)
