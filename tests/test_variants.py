@@ -336,3 +336,55 @@ def test_hostile_variant_inputs_are_one_line_and_exit_2(tmp_path, phix_model, ph
     for case, args, pattern in cases:
         refused(f"score: {case}", [*base, *args], 2, re.escape(pattern), tmp_path,
                 MODEL=phix_model, REF=ref.parent)
+
+
+HTSLIB = FIXTURES / "htslib"  # from Debian's htslib-test package (README.md there)
+
+
+def _htslib_reference(path: Path) -> tuple[MemorySource, list]:
+    """Random contigs as long as the VCF's positions need, each record's REF written in place,
+    and the records as pysam reads them (chrom, pos, ref, alts)."""
+    import pysam
+
+    with pysam.VariantFile(str(path)) as f:
+        recs = [(r.chrom, r.pos, r.ref, r.alts) for r in f]
+    rnd = random.Random(1)
+    contigs = {c: list(rnd.choices("ACGT", k=max(p + len(r) for cc, p, r, _ in recs if cc == c)
+                                   + 500)) for c in dict.fromkeys(c for c, _, _, _ in recs)}
+    for c, p, r, _ in sorted(recs, key=lambda x: -len(x[2])):
+        contigs[c][p - 1:p - 1 + len(r)] = list(r)
+    return MemorySource("htslib", [(c, "".join(s)) for c, s in contigs.items()]), recs
+
+
+def test_a_real_vcf_and_bcf_from_htslib_score_as_the_naive_computation(phix_model):
+    """htslib's own test VCF (and its BCF): SNVs, insertions, deletions, multi-allelic records
+    up to 300 ALTs, a missing ALT, on four contigs; VCF and BCF read alike, every allele pysam
+    lists scored or skipped for its reason, and the scores equal the naive computation."""
+    from evspark_cli.model.checkpoint import load_model
+
+    ref, recs = _htslib_reference(HTSLIB / "vcf_file.vcf")
+    seen: list[str] = []
+    vcf = read_variants(str(HTSLIB / "vcf_file.vcf"), ref, warn=seen.append)
+    bcf = read_variants(str(HTSLIB / "vcf_file.bcf"), ref)
+    assert vcf.variants == bcf.variants and vcf.skipped == bcf.skipped
+    listed = [(c, p, r, a) for c, p, r, alts in recs for a in (alts or ())]
+    assert [(v.chrom, v.pos, v.ref, v.alt) for v in vcf.variants] == listed
+    assert vcf.skipped == {"no ALT allele": 1} and len(seen) == 1
+    kinds = {("snv" if len(v.ref) == len(v.alt) == 1 else "ins" if len(v.alt) > len(v.ref)
+              else "del" if len(v.alt) < len(v.ref) else "mnv") for v in vcf.variants}
+    assert kinds >= {"snv", "ins", "del"}
+    model = load_model(phix_model)
+    shared = score_variants(model, ref, vcf.variants, 96)
+    naive = score_variants(model, ref, vcf.variants, 96, naive=True)
+    assert len(shared) == len(listed) > 300
+    assert max(abs(s.delta - n.delta) for s, n in zip(shared, naive)) < 1e-4
+    # a REF the reference disagrees with is skipped, never scored against the wrong bases
+    c, p, r, _ = recs[0]
+    wrong = "A" if r[0] != "A" else "C"
+    bad = MemorySource("htslib", [(cc, ref.fetch(cc, 1, ref.length(cc)) if cc != c else
+                                   ref.fetch(cc, 1, p - 1) + wrong + ref.fetch(cc, p + 1,
+                                                                               ref.length(cc)))
+                                  for cc in ref.ids()])
+    got = read_variants(str(HTSLIB / "vcf_file.vcf"), bad)
+    assert sum(n for why, n in got.skipped.items() if "does not match" in why) == 1
+    assert len(got.variants) == len(listed) - 1
