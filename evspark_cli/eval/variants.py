@@ -95,11 +95,14 @@ def _reduce(total: Tensor | float, n_scored: int, reduce: str) -> float:
 
 @torch.inference_mode()
 def window_ll(model: StripedHyena, seq: str, reduce: str = "mean") -> float:
-    """A window's score from scratch: one stateless pass (the naive computation)."""
+    """A window's score from scratch (the naive computation), as lean as one window's pass
+    can be: the model's prefill chunks, whose passes keep a layer's activations in cache (an
+    8,192-base window took 1.16 s so against 1.58 s as one stateless pass on 2 cores)."""
     ids = torch.tensor([_ids(seq)], dtype=torch.long, device=model.device)
     if ids.shape[1] < 2:
         return 0.0
-    ll = _token_ll(model(ids)[0, :-1], ids[0, 1:])
+    logits = model.prefill(ids, reserve=1)[0]
+    ll = _token_ll(logits[0, :-1], ids[0, 1:])
     return _reduce(ll.double().sum(), ids.shape[1] - 1, reduce)
 
 
@@ -249,29 +252,33 @@ def score_mutagenesis(model: StripedHyena, reference: Reference, chrom: str, sta
         return [VariantScore(v, ref_ll, window_ll(model, _mutate(seq, v.pos - 1 - w0, v.alt),
                                                   reduce)) for v in variants]
     ids = torch.tensor(_ids(seq), dtype=torch.long, device=model.device)
-    full = model(ids[None])[0]  # the reference window, once: each base's prediction
-    ll = _token_ll(full[:-1], ids[1:]).double()  # ll[i]: log p(base i + 1 | bases 0..i)
-    before = torch.cat([ll.new_zeros(1), ll.cumsum(0)])  # before[k]: bases 1..k
-    ref_total = float(before[-1])
     by_pos: dict[int, list[Variant]] = {}
     for v in variants:
         by_pos.setdefault(v.pos - 1 - w0, []).append(v)
-    totals: list[VariantScore] = []
-    for v in by_pos.pop(0, []):  # the window's first base: nothing before it to share
-        totals.append(VariantScore(v, ref_total, window_ll(model, _mutate(seq, 0, v.alt), "sum")))
-    if by_pos:
-        o, last = min(by_pos), max(by_pos)
-        _, _, state = model.prefill(ids[None, :o], reserve=len(seq) - o + 1)
-        chunk = model.prefill_chunk()
-        while o <= last:
-            stop = min(last + 1, o + chunk)
-            block = model.extend(state, ids[None, o:stop])[2]
-            for p in range(o, stop):
-                if p in by_pos:  # the state before base p: the block's commit (none for o)
-                    at = state if p == o else block.commit(p - o)
-                    totals += _alternatives(model, at, ids, p, by_pos[p], full[p - 1],
-                                            float(before[p - 1]), ref_total)
-            state, o = block.commit(stop - o), stop
+    at_zero = by_pos.pop(0, [])  # the window's first base: nothing before it to share
+    # the reference pass, in prefill chunks: up to the region's first position, the region as
+    # blocks whose commits are each position's state, then the rest of the window
+    o = min(by_pos) if by_pos else len(seq)
+    last = max(by_pos) if by_pos else len(seq) - 1
+    logits, _, state = model.prefill(ids[None, :o], reserve=len(seq) - o + 1)
+    ll = torch.zeros(len(seq) - 1, dtype=torch.float64, device=ids.device)  # ll[i]: base i + 1
+    ll[:o - 1] = _token_ll(logits[0, :-1], ids[1:o])
+    prev, alts = logits[0, -1:], []  # prev: the logits that predict base o
+    chunk = model.prefill_chunk()
+    while o < len(seq):
+        stop = min(last + 1 if o <= last else len(seq), o + chunk)
+        out, _, block = model.extend(state, ids[None, o:stop])
+        rows = torch.cat([prev, out[0, :-1]])  # rows[j] predicts base o + j
+        ll[o - 1:stop - 1] = _token_ll(rows, ids[o:stop])
+        for p in range(o, stop):
+            if p in by_pos:  # the state before base p: the block's commit (none for o)
+                at = state if p == o else block.commit(p - o)
+                alts += _alternatives(model, at, ids, p, by_pos[p], rows[p - o],
+                                      float(ll[:p - 1].sum()))
+        prev, state, o = out[0, -1:], block.commit(stop - o), stop
+    ref_total = float(ll.sum())
+    totals = [VariantScore(v, ref_total, window_ll(model, _mutate(seq, 0, v.alt), "sum"))
+              for v in at_zero] + [VariantScore(v, ref_total, alt) for v, alt in alts]
     order = {v: i for i, v in enumerate(variants)}
     totals.sort(key=lambda s: order[s.variant])
     return [VariantScore(s.variant, _reduce(s.ref_ll, n_scored, reduce),
@@ -283,8 +290,8 @@ def _mutate(seq: str, o: int, alt: str) -> str:
 
 
 def _alternatives(model: StripedHyena, at: InferenceState, ids: Tensor, p: int,
-                  here: list[Variant], prev: Tensor, prefix: float, ref_total: float
-                  ) -> list[VariantScore]:
+                  here: list[Variant], prev: Tensor, prefix: float
+                  ) -> list[tuple[Variant, float]]:
     """Window totals (nats, not reduced) of the alternatives at position p >= 1: `at` is the
     state after the window's first p bases, `prev` the logits that predict base p, `prefix` the
     log-likelihood of bases 1..p-1 (shared by every alternative at p)."""
@@ -296,5 +303,5 @@ def _alternatives(model: StripedHyena, at: InferenceState, ids: Tensor, p: int,
         total = prefix + float(_token_ll(prev, rows[i, 0]))
         if rows.shape[1] > 1:
             total += float(_token_ll(ext[i, :-1], rows[i, 1:]).double().sum())
-        out.append(VariantScore(v, ref_total, total))
+        out.append((v, total))
     return out
