@@ -7,12 +7,12 @@ Random SNVs, insertions and deletions (`--variants`, a third multi-allelic SNV s
 random positions of a shared genome (../shared/data, else phiX174 from tests/fixtures), each
 scored with Evo 2's windows (`--window`, default 8,192) by `eval/variants.score_variants`:
 the shared prefix prefilled once per site and forked into the reference and ALT rows, against
-`naive=True` (every window its own pass, in prefill chunks: `window_ll`). Both are timed in the same process, one
-after the other, on the bundled target in fp32; the largest difference of any score and delta is
-reported. Then in-silico saturation mutagenesis of a `--mutagenesis-bases` region (every base to
-the three others, one window holding the region: `score_mutagenesis`, one reference pass whose
-block commits give each position's state) against every variant's window from scratch. Writes
-the result with its provenance.
+`naive=True` (every window its own pass, in the model's prefill chunks: `window_ll`). Both are
+timed in the same process, one after the other, on the bundled target in fp32; the largest
+difference of any score and delta is reported. Then in-silico saturation mutagenesis of a
+`--mutagenesis-bases` region (every base to the three others, one window holding the region:
+`score_mutagenesis`, one reference pass whose block commits give each position's state)
+against every variant's window from scratch. Writes the result with its provenance.
 """
 from __future__ import annotations
 
