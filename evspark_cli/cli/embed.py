@@ -91,7 +91,6 @@ def embed(
     from ..io.writers import PARTIAL_SUFFIX, check_output_path
     from ..limits import run_inputs
     from ..model.checkpoint import load_model
-    from ..model.memory import run_budget
 
     check_embed_settings(pool, embed_dtype)
     check_embed_windows(window, context)
@@ -110,14 +109,8 @@ def embed(
         prog.update(status="loading the model")
         model = load_model(model_dir, device=device, dtype=dtype, max_memory=max_memory)
         prog.update(status="")
-        from ..eval.embed import check_embed_memory, embed_settings, embed_spans, resolve_layers
-
-        names = resolve_layers(model, layer)
-        window, context = embed_spans(model.config, window, context)
-        left = run_budget(model.device, max_memory, model.num_parameters() * 4)
-        check_embed_memory(model, [len(p.seq) for p in got.prompts], len(names), pool,
-                           embed_dtype, window, context, left)
-        settings = embed_settings(model, names, pool, embed_dtype, window, context)
+        names, settings = _plan(model, layer, [len(p.seq) for p in got.prompts], pool,
+                                embed_dtype, window, context, max_memory)
         failed = _embed_all(model, got.prompts, names, settings, output, index, resume, prog)
     n = len(got.prompts)
     skipped = f", {len(got.skipped)} empty records skipped" if got.skipped else ""
@@ -127,6 +120,21 @@ def embed(
     if failed:
         fail(f"{len(failed)} of {n} records failed ({', '.join(failed[:5])}); the others are "
              f"kept in {output}{PARTIAL_SUFFIX}; rerun with --resume", 1)
+
+
+def _plan(model: StripedHyena, layers: list[str], lengths: list[int], pool: str, dtype: str,
+          window: int | None, context: int | None, max_memory: str | None
+          ) -> tuple[list[str], dict]:
+    """The layers' module names and the run's settings, its memory checked against what is
+    left beside the loaded model."""
+    from ..eval.embed import check_embed_memory, embed_settings, embed_spans, resolve_layers
+    from ..model.memory import run_budget
+
+    names = resolve_layers(model, layers)
+    window, context = embed_spans(model.config, window, context)
+    left = run_budget(model.device, max_memory, model.num_parameters() * 4)
+    check_embed_memory(model, lengths, len(names), pool, dtype, window, context, left)
+    return names, embed_settings(model, names, pool, dtype, window, context)
 
 
 def _embed_all(model: StripedHyena, prompts: list[Prompt], names: list[str], settings: dict,
