@@ -30,6 +30,7 @@ _API = {
     "score_variants": "evspark_cli.api",
     "VariantScore": "evspark_cli.api",
     "embed": "evspark_cli.api",
+    "Client": "evspark_cli.serve.client",
     "ModelConfig": "evspark_cli.model.config",
     "StripedHyena": "evspark_cli.model.model",
 }

@@ -35,6 +35,8 @@ SMOKE = {
     "mixed_profile": ["--records", "2", "--samples", "1", "--tokens", "4", "--lengths", "64,128",
                       "--equal-length", "96", "--batch-size", "2", "--threads", "1"],
     "embed_check": ["--prompts-n", "2", "--threads", "1"],
+    "serve_load": ["--prompts", "2", "--samples", "2", "--tokens", "8", "--clients", "1,2",
+                   "--native-requests", "1", "--threads", "1"],
     "variant_bar": ["--variants", "3", "--window", "256", "--mutagenesis-bases", "2",
                     "--threads", "1"],
 }

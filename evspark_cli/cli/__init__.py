@@ -7,14 +7,16 @@ Heavy modules (torch, the engine) are imported inside the commands so `evspark -
 """
 from __future__ import annotations
 
-from . import bench, convert, distill, embed, generate, info, merge, score, train, verify
+from . import bench, convert, distill, embed, generate, info, merge, score, serve, train, verify
 from .app import app, main, register
 
 # the order of `evspark --help`; each command's help ends with its module's worked EXAMPLE
-register(generate.generate, verify.verify, score.score, embed.embed, merge.merge,
+register(generate.generate, verify.verify, score.score, embed.embed, serve.serve,
+         merge.merge,
          convert.convert, info.info, train.train, distill.distill, bench.bench,
          examples={"generate": generate.EXAMPLE, "verify": verify.EXAMPLE, "score": score.EXAMPLE,
-                   "embed": embed.EXAMPLE, "merge": merge.EXAMPLE,
+                   "embed": embed.EXAMPLE, "serve": serve.EXAMPLE,
+                   "merge": merge.EXAMPLE,
                    "convert": convert.EXAMPLE, "info": info.EXAMPLE, "train": train.EXAMPLE,
                    "distill": distill.EXAMPLE, "bench": bench.EXAMPLE})
 

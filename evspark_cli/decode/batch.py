@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -115,20 +115,57 @@ class BatchDecoder:
         self.rows: list[_Row] = []
         self.draft: DraftRows | None = None
         self._shared: tuple[int, Prefilled] | None = None  # the last record's prefill
+        self._finished: list[int] = []  # slots of rows whose outcome the last step gave back:
+        #                                 they leave at the next step, so a caller sees the
+        #                                 batch as that round left it
 
     # ------------------------------------------------------------------ the run
-    @torch.inference_mode()
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
         """Yield each job's outcome as it finishes (completion order, not input order)."""
-        queue = _Peekable(iter(jobs))
-        done, _ = self._fill(queue, free=range(self.batch_size))  # not a list: any batch size
-        yield from done
-        while self.rows:
-            done, finished = self._round()
+        yield from self.run_from(_Peekable(iter(jobs)))
+
+    def run_from(self, source: JobSource) -> Iterator[Outcome]:
+        """`run` over a job source that may grow while the run goes (a server's queue): the
+        run ends when no row is live and the source has nothing queued."""
+        while (done := self.step(source)) is not None:
             yield from done
-            if finished:
-                yield from self._refill(queue, finished)
-        self.state, self.draft, self._shared = None, None, None
+        self._shared = None
+
+    @torch.inference_mode()
+    def step(self, source: JobSource) -> list[Outcome] | None:
+        """One round: queued jobs first take the free slots (a new batch, finished rows' slots,
+        or slots added to a batch that has fewer than `batch_size` rows: continuous batching
+        across a server's requests), then every live row takes a round. The outcomes that
+        finished (or failed), or None when no row is live and nothing is queued. A finished
+        row stays in the batch until the next step (the caller sees the state its last round
+        left)."""
+        out: list[Outcome] = []
+        if self._finished:  # the last round's finished rows leave (or queued jobs take them)
+            out += self._refill(source, self._finished)
+            self._finished = []
+        if len(self.rows) < self.batch_size and source.peek() is not None:
+            out += self._fill(source, free=range(len(self.rows), self.batch_size))[0]
+        if not self.rows:
+            return out if out or source.peek() is not None else None
+        done, self._finished = self._round()
+        return out + done
+
+    def live(self) -> list[tuple[Job, DecodeResult]]:
+        """Each live row's job and what it has produced so far (tokens grow round by round)."""
+        return [(r.job, r.result) for r in self.rows]
+
+    def drop(self, indices: set[int] | frozenset[int]) -> list[Job]:
+        """Take the rows of the jobs with these `index`es out of the batch (a client that went
+        away): their jobs, unfinished. The other rows go on untouched (a row's tokens never
+        depend on its neighbours)."""
+        for slot in sorted(self._finished, reverse=True):  # finished rows leave first
+            self._remove(slot)
+        self._finished = []
+        slots = [b for b, r in enumerate(self.rows) if r.job.index in indices]
+        jobs = [self.rows[b].job for b in slots]
+        for slot in sorted(slots, reverse=True):
+            self._remove(slot)
+        return jobs
 
     def _round(self) -> tuple[list[Outcome], list[int]]:
         """One round for every live row: the outcomes of the rows that finished or failed, and
@@ -299,14 +336,14 @@ class BatchDecoder:
         self._shared = ((job.rng.record, job.prompt), prefilled)
 
     # ------------------------------------------------------------------ rows come and go
-    def _refill(self, queue: "_Peekable", finished: list[int]) -> list[Outcome]:
+    def _refill(self, queue: JobSource, finished: list[int]) -> list[Outcome]:
         """Queued jobs take the finished slots; slots nobody takes leave the batch."""
         failed, vacant = self._fill(queue, free=sorted(finished))
         for slot in sorted(vacant, reverse=True):
             self._remove(slot)
         return failed
 
-    def _fill(self, queue: "_Peekable", free: Sequence[int]
+    def _fill(self, queue: JobSource, free: Sequence[int]
               ) -> tuple[list[Outcome], Sequence[int]]:
         """Put queued jobs into the `free` slots (a new batch when there is none): the outcomes
         of jobs whose prefill failed, and the slots left free."""
@@ -350,8 +387,8 @@ class BatchDecoder:
 
     def _join(self, joins: list[tuple[Sequence[int], list[Job], Prefilled, float]]) -> None:
         """Rows for each group of jobs (one prompt's samples) forked from its prefill into its
-        slots, each row's state copied once: a new batch at the start, else in place of
-        finished rows."""
+        slots, each row's state copied once: a new batch at the start, rows appended to a batch
+        with free slots (a server's new request), else in place of finished rows."""
         parts, rows, contexts, slots = [], [], [], []
         for group_slots, jobs, pre, t_start in joins:
             parts.append((pre.state, [0] * len(jobs)))  # the prefill's row, forked per job
@@ -363,9 +400,15 @@ class BatchDecoder:
                                              hidden))
             slots.extend(group_slots)
         new_draft = self.drafter.rows(contexts) if self.drafter is not None else None
-        if self.state is None:  # a new batch
-            assert slots == list(range(len(rows)))
-            self.state, self.rows, self.draft = InferenceState.gather(parts), rows, new_draft
+        if self.state is None or slots[0] >= len(self.rows):  # a new batch, or rows added
+            assert slots == list(range(len(self.rows), len(self.rows) + len(rows)))
+            kept = [(self.state, range(self.state.batch))] if self.state is not None else []
+            self.state = InferenceState.gather(kept + parts)  # one copy of every row
+            self.rows += rows
+            if self.draft is None:
+                self.draft = new_draft
+            elif new_draft is not None:
+                self.draft.append(new_draft)
             if self.dense:  # one tensor per cache, at least every row's capacity
                 for c in self.state.caches():
                     c.reserve(self.capacity or 0)
@@ -405,6 +448,17 @@ class BatchDecoder:
 def _same_prompt(job: Job | None, first: Job) -> bool:
     """Jobs that can share `first`'s prefill: the same record and prompt (its samples)."""
     return job is not None and job.rng.record == first.rng.record and job.prompt == first.prompt
+
+
+class JobSource(Protocol):
+    """Where a decoder takes its jobs from, one job of look-ahead: a run's job list
+    (`_Peekable`) or a server's queue, which may be empty now and hold jobs later."""
+
+    def peek(self) -> Job | None:
+        """The next job, without taking it; None when none is queued now."""
+
+    def next(self) -> Job:
+        """Take the next job (after `peek` returned it)."""
 
 
 class _Peekable:

@@ -92,6 +92,9 @@ class DraftRows(Protocol):
     def place(self, slots: Sequence[int], new: "DraftRows") -> None:
         """Rows `slots` now hold `new`'s rows (new sequences joining the batch)."""
 
+    def append(self, new: "DraftRows") -> None:
+        """`new`'s rows join after the last row (a batch that had free slots)."""
+
     def remove(self, row: int) -> None:
         """Row `row` leaves; the last row takes its place (as `InferenceState.remove`)."""
 
@@ -127,6 +130,9 @@ class ListRows(Generic[_R]):
     def place(self, slots: Sequence[int], new: "ListRows[_R]") -> None:  # type: ignore[override]
         for slot, item in zip(slots, new.items):
             self.items[slot] = item
+
+    def append(self, new: "ListRows[_R]") -> None:  # type: ignore[override]
+        self.items += new.items
 
     def remove(self, row: int) -> None:
         last = self.items.pop()

@@ -248,6 +248,10 @@ class DSparkRows:
         for slot, c in zip(slots, new.contexts):
             self.contexts[slot] = c
 
+    def append(self, new: "DSparkRows") -> None:  # type: ignore[override]
+        self.ctx, self.valid = torch.cat([self.ctx, new.ctx]), torch.cat([self.valid, new.valid])
+        self.contexts += new.contexts
+
     def remove(self, row: int) -> None:
         self.ctx, self.valid = swap_remove(self.ctx, row), swap_remove(self.valid, row)
         last = self.contexts.pop()
