@@ -57,7 +57,7 @@ def _run(model: StripedHyena, records: list[Record], options: DecodeOptions,
     d = resolve_drafter(model, drafter, force=force_drafter)
     check_gamma(d, options.largest_draft)
     for r in records:
-        check_context(model, len(r.tokens), options.max_new_tokens, r.id)
+        check_context(model.config, len(r.tokens), options.max_new_tokens, r.id)
     # every output is kept until the call returns: refused up front when they cannot all fit
     check_job_count(len(records), options.samples if samples is None else len(samples),
                     kept_tokens=options.max_new_tokens)

@@ -74,6 +74,10 @@ class RunError(EvsparkError):
     exit_code = 1
 
 
+class ServerLost(RunError):
+    """`generate --server`: the server went away mid-run (the records it finished are kept)."""
+
+
 class GenerationError(RunError):
     """Some outputs of an API call failed: `outputs` holds every output in input order, None
     where its job failed, and `errors` the failures by that index, so the finished outputs are

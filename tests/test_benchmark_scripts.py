@@ -37,6 +37,9 @@ SMOKE = {
     "embed_check": ["--prompts-n", "2", "--threads", "1"],
     "serve_load": ["--prompts", "2", "--samples", "2", "--tokens", "8", "--clients", "1,2",
                    "--native-requests", "1", "--threads", "1"],
+    "serve_faults": ["--flood", "24", "--flood-clients", "24", "--max-queue", "4",
+                     "--in-flight", "2", "--drain-tokens", "16", "--shard-records", "4",
+                     "--shard-samples", "1", "--tokens", "8", "--threads", "1"],
     "variant_bar": ["--variants", "3", "--window", "256", "--mutagenesis-bases", "2",
                     "--threads", "1"],
 }

@@ -12,8 +12,10 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -164,3 +166,38 @@ def test_pipeline_script_checks_its_arguments_from_any_folder(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, env=e, timeout=300)
     assert d.returncode == 0, d.stderr
     assert gzip.decompress((tmp_path / "c.fa.gz").read_bytes()).startswith(b">P05:1-100.cont")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SNAKEMAKE.is_file(), reason="snakemake is not installed next to python")
+def test_snakemake_shards_on_one_server_equal_an_unsharded_run(tmp_path, model):
+    """The served variant: one `evspark serve`, every shard `generate --server` on it."""
+    src = write_input(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    server = subprocess.Popen([sys.executable, "-m", "evspark_cli.cli", "serve", "--port", "0",
+                               "--model", str(model), "--threads", "1", "--batch-size", "4"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**env(), "PYTHONUNBUFFERED": "1"})
+    try:
+        url = server.stdout.readline().split("listening on ")[1].split()[0]
+        for _ in range(1200):
+            try:
+                if httpx.get(url + "/v1/health/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(f"input: {src}\nshards: 3\nserver: {url}\ngamma: 4\nn_tokens: 6\n"
+                       f"seed: 4\nthreads: 1\noutdir: out\nevspark: {EVSPARK_CMD}\n")
+        p = subprocess.run([str(SNAKEMAKE), "-s", str(EXAMPLES / "Snakefile"), "--directory",
+                            str(work), "--cores", "3", "--configfile", str(cfg)],
+                           capture_output=True, text=True, env=env(), timeout=600)
+    finally:
+        server.kill()
+        server.communicate()
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    whole = evspark("generate", src, "--model", model, "--gamma", 4, "-n", 6, "--seed", 4,
+                    "--threads", 1, "-q", "--device", "cpu")
+    assert (work / "out" / "generated.fa").read_text() == whole

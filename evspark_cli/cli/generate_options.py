@@ -5,7 +5,14 @@ from __future__ import annotations
 import typer
 
 from .. import defaults
-from .options import INPUT_PANEL, OUTPUT_PANEL, SAMPLING_PANEL, SPECULATION_PANEL, option
+from .options import (
+    INPUT_PANEL,
+    MODEL_PANEL,
+    OUTPUT_PANEL,
+    SAMPLING_PANEL,
+    SPECULATION_PANEL,
+    option,
+)
 
 InputsArg = typer.Argument(None, metavar="INPUT", show_default=False,
                            help="FASTA files (plain, gzip, BGZF); '-' reads FASTA from stdin.")
@@ -54,3 +61,10 @@ IncludePromptOpt = option(False, "--include-prompt", panel=OUTPUT_PANEL,
                           help="Prepend the prompt (ids end in .ext instead of .cont).")
 ResumeOpt = option(False, "--resume", help="Continue an interrupted run from OUTPUT.partial.",
                    panel=OUTPUT_PANEL)
+ServerOpt = option(None, "--server", panel=MODEL_PANEL,
+                   help="Decode on a running `evspark serve` at this URL (e.g. "
+                   "http://127.0.0.1:8000) instead of loading the model here: the same output, "
+                   "stats, .partial and --resume; the server's model, drafters, device and "
+                   "batch.")
+ApiKeyFileOpt = option(None, "--api-key-file", panel=MODEL_PANEL,
+                       help="With --server: a file whose first line is the server's API key.")

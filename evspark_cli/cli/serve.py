@@ -60,8 +60,9 @@ def serve(
     batched across requests."""
     from ..errors import SettingError
     from ..serve.app import ServerState
+    from ..serve.client import read_api_key
     from ..serve.metrics import ServerMetrics
-    from ..serve.server import ServeSettings, check_port, load_engine, make_server, read_api_key
+    from ..serve.server import ServeSettings, check_port, load_engine, make_server
 
     if drain_seconds < 0:
         raise SettingError("{0} must be >= 0, got " + f"{drain_seconds:g}", "drain_seconds")

@@ -17,7 +17,7 @@ from ..decode.drafters.base import Drafter
 from ..decode.jobs import largest_draft, row_reserve
 from ..decode.sampling import SamplerConfig
 from ..errors import InputError, SettingError, at_least
-from ..model.model import StripedHyena
+from ..model.config import ModelConfig
 
 DRAFT_LENGTHS = ("fixed", "confidence")
 CPU_BATCH = 32  # the most tokens/s for the bundled target on a 2-core CPU (docs/performance.md)
@@ -118,9 +118,9 @@ class DecodeOptions:
         return prompt_len + row_reserve(self.max_new_tokens, draft)
 
 
-def check_context(model: StripedHyena, prompt_len: int, new_tokens: int, record_id: str) -> None:
-    """A prompt and its continuation must fit in the model's context."""
-    limit = model.config.max_seqlen
+def check_context(config: ModelConfig, prompt_len: int, new_tokens: int, record_id: str) -> None:
+    """A prompt and its continuation must fit in the model's context (its config's)."""
+    limit = config.max_seqlen
     if prompt_len + new_tokens > limit:
         rid = record_id.replace("{", "{{").replace("}", "}}")
         raise SettingError(f"record '{rid}': prompt of {prompt_len} bases + {new_tokens} new "

@@ -27,7 +27,7 @@ def model_and_drafter(model_dir: str | Path | None, prompts: Sequence[Prompt],
 
     model = load_model(model_dir, **load)
     for p in prompts:
-        check_context(model, len(p.seq), options.max_new_tokens, p.id)
+        check_context(model.config, len(p.seq), options.max_new_tokens, p.id)
     d = resolve_drafter(model, drafter, force=force_drafter, max_memory=load.get("max_memory"))
     check_gamma(d, options.largest_draft)
     return model, d

@@ -17,8 +17,6 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from ..decode.drafters.base import Drafter
-from ..decode.drafters.registry import drafter_name
 from ..io.shard import job_in_shard
 from ..io.types import Prompt
 from .options import DecodeOptions
@@ -56,7 +54,7 @@ class RecordScheme:
     them."""
 
     model: str
-    drafter: Drafter | None
+    drafter: str  # its name (`drafter_name`): `none` for native decoding
     options: DecodeOptions
     include_prompt: bool = False
     prompt_tail: int | None = None
@@ -67,7 +65,7 @@ class RecordScheme:
     def settings(self) -> dict[str, str]:
         """The `key=value` words every header of the run carries (`shard` only in a shard)."""
         sampler = self.options.sampler
-        return {"model": self.model, "drafter": drafter_name(self.drafter),
+        return {"model": self.model, "drafter": self.drafter,
                 "gamma": str(self.options.gamma), "temperature": f"{sampler.temperature:g}",
                 "top_k": str(sampler.top_k), "top_p": f"{sampler.top_p:g}",
                 "seed": str(self.options.seed),
@@ -131,10 +129,10 @@ class RecordScheme:
 
     def stats_row(self, prompt: Prompt, sample: int) -> dict[str, Any]:
         """The stats columns of a job's row that do not depend on timing."""
-        spec = self.drafter is not None
+        spec = self.drafter != "none"
         return {**self.input_columns(prompt, sample), "sample": sample,
                 "prompt_len": len(prompt.seq),
                 "new_tokens": self.options.max_new_tokens,
                 "mode": "speculative" if spec else "native",
-                "drafter": drafter_name(self.drafter),
+                "drafter": self.drafter,
                 "gamma": self.options.gamma if spec else None}

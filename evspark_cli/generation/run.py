@@ -21,9 +21,11 @@ from ..decode.batch import BatchDecoder
 from ..decode.drafters.base import Drafter
 from ..decode.drafters.registry import drafter_name
 from ..decode.jobs import DecodeResult, Job, RoundReport
+from ..model.config import ModelConfig
 from ..model.model import StripedHyena
 from ..model.tokenizer import detokenize
-from .options import DecodeOptions
+from .options import DecodeOptions, default_batch_size
+from .plan import plan_batch
 from .results import GenerateOutput, JobOutcome, make_stats, speedup
 
 COMPARE_PAIRS = 3
@@ -143,6 +145,39 @@ class RunObserver(Protocol):
         share that prefill and tell nothing."""
 
 
+class DecodingRun(Protocol):
+    """What `evspark generate` drives: this module's run on the model loaded here, or
+    serve/remote.py's on a server. Outcomes come back in input order."""
+
+    summary: RunSummary
+    observer: RunObserver | None
+    batch_size: int
+
+    @property
+    def config(self) -> ModelConfig:
+        """The model's config (its vocabulary and context)."""
+
+    @property
+    def drafter_label(self) -> str:
+        """The drafter's name as outputs record it (`none`: native decoding)."""
+
+    def plan(self, jobs: Sequence[Job], batch_size: int | None, max_memory: str | None) -> None:
+        """Choose the batch size for `jobs` (refused when it cannot fit), before any output is
+        opened."""
+
+    def lowered_from(self, jobs: Sequence[Job]) -> int | None:
+        """The default batch size `plan` lowered to fit in memory, or None."""
+
+    def passes(self, jobs: Sequence[Job]) -> list[Pass]:
+        """The passes `outcomes(jobs)` makes (a progress display sizes its work from them)."""
+
+    def outcomes(self, jobs: Sequence[Job]) -> Iterator[JobOutcome]:
+        """Every job's outcome, in the order of `jobs`."""
+
+    def unsent(self) -> list[JobOutcome]:
+        """Outcomes finished but not handed back when the run stopped early, in input order."""
+
+
 @dataclass
 class GenerationRun:
     """Jobs through the batched decoder, outcomes in input order (see the module docstring)."""
@@ -158,6 +193,24 @@ class GenerationRun:
     waiting: dict[int, JobOutcome] = field(default_factory=dict)
     """Outcomes that finished before an earlier job: handed back when their turn comes, or by
     `unsent` when the run stops early."""
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def drafter_label(self) -> str:
+        return drafter_name(self.drafter)
+
+    def plan(self, jobs: Sequence[Job], batch_size: int | None, max_memory: str | None) -> None:
+        """The batch size for `jobs`: `batch_size` or the device's default, one whose state
+        fits in memory (plan.plan_batch)."""
+        self.batch_size = plan_batch(self.model, jobs, self.options, self.drafter, batch_size,
+                                     max_memory)
+
+    def lowered_from(self, jobs: Sequence[Job]) -> int | None:
+        wanted = min(default_batch_size(self.model.device), len(jobs))
+        return wanted if self.batch_size < wanted else None
 
     def passes(self, jobs: Sequence[Job]) -> list[Pass]:
         """The passes `outcomes(jobs)` makes, in order (a progress display sizes its work from

@@ -6,7 +6,9 @@ seed and settings.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,6 +24,7 @@ class ServerError(RunError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after: float | None = None  # seconds, when the server said (429, 503)
 
 
 class Client:
@@ -95,24 +98,72 @@ class Client:
             raise GenerationError(got, errors)
         return [o for o in got if o is not None]
 
+    def stream(self, body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+        """`POST /v1/generate` with `stream`: its server-sent events as (event, data) pairs as
+        they arrive (`tokens`, `output`, then `end`). A refusal raises as `_call` does; a
+        connection lost mid-stream is a ServerError."""
+        path = "/v1/generate"
+        try:
+            with self._http.stream("POST", path, json={**body, "stream": True}) as r:
+                if r.status_code != 200:
+                    r.read()
+                    raise _refusal(r)
+                event = None
+                for line in r.iter_lines():  # the server's events: `event:` then `data:`
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:") and event is not None:
+                        yield event, json.loads(line[5:])
+                        event = None
+        except httpx.HTTPError as e:
+            raise self._unreachable(e) from None
+
+    def _unreachable(self, e: httpx.HTTPError) -> ServerError:
+        if isinstance(e, httpx.ConnectError):
+            return ServerError(f"cannot reach the server at {self.url}: {e}")
+        return ServerError(f"the connection to the server at {self.url} failed: "
+                           f"{e or type(e).__name__}")
+
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
             r = self._http.request(method, path, json=body)
         except httpx.HTTPError as e:
-            raise ServerError(f"{self.url}{path}: {e}") from None
+            raise self._unreachable(e) from None
         if r.status_code == 200:
             return r.json()
-        try:
-            detail = r.json().get("detail", r.text)
-        except ValueError:
-            detail = r.text
-        cls = InputError if r.status_code in (413, 422) else ServerError
-        err: EvsparkError = cls(f"the server refused the request ({r.status_code}): {detail}")
-        if isinstance(err, ServerError):
-            err.status = r.status_code
-        raise err
+        raise _refusal(r)
+
+
+def _refusal(r: httpx.Response) -> EvsparkError:
+    """What a refused request raises: InputError for a request the server cannot take (413,
+    422), ServerError (with its status and Retry-After) otherwise."""
+    try:
+        detail = r.json().get("detail", r.text)
+    except ValueError:
+        detail = r.text
+    message = f"the server refused the request ({r.status_code}): {detail}"
+    if r.status_code in (413, 422):
+        return InputError(message)
+    err = ServerError(message, r.status_code)
+    after = r.headers.get("retry-after", "")
+    err.retry_after = float(after) if after.isdigit() else None
+    return err
 
 
 def _text(prompt: str | Sequence[int]) -> str | list[int]:
     """A prompt as the server takes it: bases, or token ids."""
     return prompt if isinstance(prompt, str) else [int(i) for i in prompt]
+
+
+def read_api_key(path: str | None) -> str | None:
+    """The key in `path` (its first line, stripped); refused when empty or unreadable."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"--api-key-file {path}: {getattr(e, 'strerror', None) or e}") from None
+    key = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not key:
+        raise InputError(f"--api-key-file {path}: the file holds no key")
+    return key

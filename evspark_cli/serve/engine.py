@@ -146,7 +146,7 @@ class Engine:
         d = self.drafters[name]
         check_gamma(d, options.largest_draft)
         for r in records:
-            check_context(self.model, len(r.tokens), options.max_new_tokens, r.id)
+            check_context(self.model.config, len(r.tokens), options.max_new_tokens, r.id)
         jobs: list[Job] = []
         for k, r in enumerate(records):
             which = range(options.samples) if samples is None else samples[k]

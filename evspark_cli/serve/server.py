@@ -7,7 +7,6 @@ import dataclasses
 import signal
 import socket
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -117,17 +116,3 @@ def check_port(host: str, port: int) -> None:
             s.bind(addr)
         except OSError as e:
             raise InputError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-
-
-def read_api_key(path: str | None) -> str | None:
-    """The key in `path` (its first line, stripped); refused when empty or unreadable."""
-    if path is None:
-        return None
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"--api-key-file {path}: {getattr(e, 'strerror', None) or e}") from None
-    key = text.strip().splitlines()[0].strip() if text.strip() else ""
-    if not key:
-        raise InputError(f"--api-key-file {path}: the file holds no key")
-    return key

@@ -15,6 +15,7 @@ params.shards   = 4
 params.n_tokens = 1024
 params.seed     = 0
 params.model    = ''
+params.server   = ''   // a running `evspark serve` URL: every shard decodes there
 params.extra    = ''
 params.outdir   = 'results'
 
@@ -23,6 +24,9 @@ include { EVSPARK_GENERATE } from './modules/evspark/generate/main'
 workflow {
     if ((params.shards as int) < 1) {
         error "shards must be >= 1, got ${params.shards}"
+    }
+    if (params.server && params.model) {
+        error "set model or server, not both: a server decodes with its own model"
     }
     fasta = file(params.input, checkIfExists: true)
     shards = Channel.of(1..(params.shards as int)).map { i ->
