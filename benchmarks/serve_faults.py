@@ -34,18 +34,11 @@ from tempfile import TemporaryDirectory
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-SHARED = Path(os.environ.get("EVSPARK_SHARED", ROOT.parent / "shared"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from serve_load import prompts  # noqa: E402  (the same shared prompts)
 
 from evspark_cli.eval.provenance import provenance  # noqa: E402
-from evspark_cli.io.fasta import read_prompts  # noqa: E402
-
-
-def prompts(n: int) -> dict[str, str]:
-    path = SHARED / "data" / "prompts.fa"
-    path = path if path.is_file() else ROOT / "examples" / "prompts.fa"
-    return {p.id: p.seq for p in list(read_prompts([str(path)]))[:n]}
 
 
 def evspark(*args: str) -> list[str]:
