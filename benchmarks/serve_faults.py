@@ -10,8 +10,9 @@ Three phases against a real server on a loopback port (`evspark serve` in a chil
    by `--flood-clients` threads to a server with `--max-queue`; counts the answers by status
    (the bar: only 200 and 429), checks every accepted request got its sequence, and samples the
    server's RSS (/proc) before, during (peak) and after.
-2. **SIGTERM**: `--in-flight` requests accepted, then SIGTERM: how many were answered, the
-   exit code and the seconds to exit against `--drain-seconds`.
+2. **SIGTERM**: `--in-flight` requests accepted, then SIGTERM: how many were still unanswered
+   when the signal went, how many were answered, the exit code and the seconds to exit against
+   `--drain-seconds`.
 3. **Shards**: `evspark generate --server` over 4 concurrent `--shard I/4` processes, merged with
    `evspark merge`, against one local `evspark generate` of the same records: byte-identical or
    not, and the wall times of both.
@@ -121,16 +122,18 @@ def sigterm(a: argparse.Namespace, ps: dict[str, str]) -> dict:
                 m = c.get("/metrics").text
                 busy = sum(float(x.split()[-1]) for x in m.splitlines()
                            if x.startswith(("evspark_rows_busy ", "evspark_queue_depth ")))
-                if busy >= a.in_flight:
-                    break
+                if busy >= a.in_flight or any(f.done() for f in futures):
+                    break  # all accepted, or short requests already finishing: signal now
                 time.sleep(0.05)
         t0 = time.perf_counter()
         proc.send_signal(signal.SIGTERM)
+        pending = sum(1 for f in futures if not f.done())
         code = proc.wait(a.drain_seconds + 30)
         exit_s = time.perf_counter() - t0
         got = [f.result() for f in futures]
     answered = sum(1 for s, t in got if s == 200 and t is not None and len(t) == a.drain_tokens)
-    return {"in_flight": a.in_flight, "tokens": a.drain_tokens, "answered": answered,
+    return {"in_flight": a.in_flight, "unanswered_at_signal": pending,
+            "tokens": a.drain_tokens, "answered": answered,
             "exit_code": code, "exit_s": round(exit_s, 2), "drain_seconds": a.drain_seconds,
             "within_deadline": exit_s <= a.drain_seconds}
 

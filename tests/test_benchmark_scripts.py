@@ -39,7 +39,8 @@ SMOKE = {
                    "--native-requests", "1", "--threads", "1"],
     "serve_faults": ["--flood", "24", "--flood-clients", "24", "--max-queue", "4",
                      "--in-flight", "2", "--drain-tokens", "16", "--shard-records", "4",
-                     "--shard-samples", "1", "--tokens", "8", "--threads", "1"],
+                     "--shard-samples", "1", "--tokens", "8", "--threads", "1",
+                     "--limit-s", "240"],
     "variant_bar": ["--variants", "3", "--window", "256", "--mutagenesis-bases", "2",
                     "--threads", "1"],
 }
