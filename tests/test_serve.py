@@ -11,7 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -29,12 +31,9 @@ PROMPTS = {"a": "ACGTACGTTTGACCAGT", "b": "GGGATTACAGATTACATTTAG", "c": "TTGACA"
            "d": "ATGAAACGCATTAGCACCACCATTACCACCACCATCACCATTACCACAGGTAACGGTGCGGGCTGA"}
 
 
-@pytest.fixture(scope="module")
-def server():
-    """The bundled model served with a batch of 3 rows and a queue of 12 sequences."""
-    metrics = ServerMetrics()
-    settings = ServeSettings(batch_size=3, max_queue=12, device="cpu")
-    state = ServerState(lambda: load_engine(settings, metrics), KEY, metrics)
+@contextmanager
+def serving(state: ServerState) -> Iterator[str]:
+    """A real uvicorn server of `state` on an ephemeral loopback port, once it is ready."""
     srv = make_server(state, "127.0.0.1", 0, drain_seconds=5.0)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
@@ -43,9 +42,40 @@ def server():
             break
         time.sleep(0.05)
     assert srv.started and state.engine is not None, state.error
-    yield f"http://{srv.address()}"
-    srv.should_exit = True
-    thread.join(20)
+    try:
+        yield f"http://{srv.address()}"
+    finally:
+        srv.should_exit = True
+        thread.join(20)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The bundled model served with a batch of 3 rows and a queue of 12 sequences."""
+    metrics = ServerMetrics()
+    settings = ServeSettings(batch_size=3, max_queue=12, device="cpu")
+    with serving(ServerState(lambda: load_engine(settings, metrics), KEY, metrics)) as url:
+        yield url
+
+
+def test_the_thread_that_loads_the_model_decodes_with_it():
+    """torch keeps an OpenMP team per calling thread: a decoder on a second thread beside the
+    loading one made every round pay wake-ups (engine.py), so the server decodes where it
+    loaded."""
+    metrics, seen, done = ServerMetrics(), {}, threading.Event()
+    settings = ServeSettings(batch_size=1, max_queue=2, device="cpu")
+
+    def load():
+        seen["load"] = threading.current_thread()
+        return load_engine(settings, metrics)
+
+    state = ServerState(load, None, metrics)
+    with serving(state):
+        assert state.engine is not None
+        state.engine.call_between_rounds(
+            lambda: (seen.__setitem__("decode", threading.current_thread()), done.set()))
+        assert done.wait(20)
+    assert seen["decode"] is seen["load"]
 
 
 @pytest.fixture(scope="module")

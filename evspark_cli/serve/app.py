@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -65,11 +66,11 @@ def create_app(state: ServerState) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.get_running_loop().run_in_executor(None, _load, state)
+        threading.Thread(target=_load_and_decode, args=(state,), name="evspark-decoder",
+                         daemon=True).start()  # a load still going at shutdown is left to end
         try:
             yield
         finally:
-            await asyncio.wait([task], timeout=0)  # a load still going is left to finish
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.stop, 10.0)
 
@@ -143,14 +144,15 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 # ---------------------------------------------------------------------- requests to the engine
-def _load(state: ServerState) -> None:
+def _load_and_decode(state: ServerState) -> None:
+    """Load the model, then decode on the same thread (engine.py says why it must be one)."""
     try:
         engine, info = state.load()
     except Exception as e:  # noqa: BLE001 - the server stays up to say why it is not ready
         state.error = f"the model could not be loaded: {first_line_of(e)}"
         return
-    engine.start()
     state.info, state.engine = info, engine
+    engine.run()
 
 
 def _engine(state: ServerState) -> Engine:
