@@ -58,6 +58,12 @@ def start_server(batch: int, threads: int) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def one(url: str, rid: str, seq: str, sample: int, tokens: int, drafter: str | None
         ) -> dict:
     """One request, streamed: its latency, time to first token and sequence."""
@@ -142,7 +148,11 @@ def main() -> None:
                 continue
             seen.add((clients, drafter))
             sent = jobs[:a.native_requests] if drafter == "none" and a.native_requests else jobs
+            cpu0 = (time.process_time(), cpu_s(proc.pid))
             r = phase(url, sent, a.tokens, clients, drafter, a.limit_s)
+            # where the 2 cores went: the clients (this process) and the server
+            r["client_cpu_s"] = round(time.process_time() - cpu0[0], 2)
+            r["server_cpu_s"] = round(cpu_s(proc.pid) - cpu0[1], 2)
             texts = r.pop("texts")
             # native decoding under the residual rule is lossless in distribution, not token
             # for token, so only the speculative phases are compared with the local run
