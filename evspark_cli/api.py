@@ -87,7 +87,8 @@ def generate(model: StripedHyena, prompt: str | Sequence[int],
              record_id: str = "prompt", compare_native: bool = False,
              force_drafter: bool = False, rule: str = defaults.RULE,
              draft_length: str = defaults.DRAFT_LENGTH,
-             alphabet: str = defaults.ALPHABET) -> GenerateOutput:
+             alphabet: str = defaults.ALPHABET,
+             tree_rows: int = defaults.TREE_ROWS) -> GenerateOutput:
     """Continue `prompt` by `max_new_tokens` tokens; lossless whatever the drafter. `prompt`
     is checked as the command line checks `--prompt`: IUPAC letters in any case, upper-cased
     (U read as T, ambiguity codes kept), or a sequence of integer token ids; anything else is
@@ -98,12 +99,15 @@ def generate(model: StripedHyena, prompt: str | Sequence[int],
     same seed token for token (decode/sampling.py); "residual" is lossless in distribution.
     `draft_length="confidence"` (greedy or coupled) verifies, each round, as many drafts as
     the drafter's confidence and the measured block cost make worth it (decode/schedule.py).
-    `alphabet="acgt"` draws only A, C, G and T (on both paths: still lossless)."""
+    `alphabet="acgt"` draws only A, C, G and T (on both paths: still lossless).
+    `tree_rows=N` (greedy or coupled) verifies up to N alternative drafts beside the drafter's
+    own in each round's pass (token trees, decode/tree.py; same output)."""
     options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed,
                             rollback=rollback, rule=rule, draft_length=draft_length,
-                            alphabet=alphabet)
+                            alphabet=alphabet, tree_rows=tree_rows)
     rec = Record(record_id, prompt_ids(prompt, model.config.vocab_size), record)
-    return _run(model, [rec], options, drafter, force_drafter, 1, None, compare_native,
+    return _run(model, [rec], options, drafter, force_drafter, 1 + tree_rows, None,
+                compare_native,
                 samples=range(sample, sample + 1))[0]
 
 
@@ -118,7 +122,8 @@ def generate_many(model: StripedHyena,
                   force_drafter: bool = False, max_memory: str | int | None = None,
                   on_round: Callable[[RoundReport], None] | None = None,
                   rule: str = defaults.RULE, draft_length: str = defaults.DRAFT_LENGTH,
-                  alphabet: str = defaults.ALPHABET) -> list[GenerateOutput]:
+                  alphabet: str = defaults.ALPHABET,
+                  tree_rows: int = defaults.TREE_ROWS) -> list[GenerateOutput]:
     """Continue every prompt `samples` times, `batch_size` rows at a time (None: the device's
     default, fewer if memory is short): one output per (prompt, sample), in input order.
 
@@ -130,7 +135,7 @@ def generate_many(model: StripedHyena,
     say), the others still run and a GenerationError is raised with every finished output
     (`error.outputs`, None where a job failed) and the failures (`error.errors`, by index)."""
     options = DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed, samples,
-                            rollback, rule, draft_length, alphabet)
+                            rollback, rule, draft_length, alphabet, tree_rows)
     records = Record.listed(prompts, model.config.vocab_size)
     return _run(model, records, options, drafter, force_drafter, batch_size, max_memory,
                 on_round=on_round)

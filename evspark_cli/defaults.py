@@ -17,6 +17,7 @@ DRAFTER = "auto"
 ROLLBACK = "slice"
 RULE = "residual"
 DRAFT_LENGTH = "fixed"
+TREE_ROWS = 0
 ALPHABET = "all"
 DEVICE = "auto"
 

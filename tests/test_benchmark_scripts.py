@@ -31,6 +31,8 @@ SMOKE = {
     "fasta_reader": ["--megabases", "0.2", "--repeats", "1"],
     "coupled_bar": ["--prompts-n", "2", "--tokens", "8", "--seeds", "0", "--batch-records", "1",
                     "--batch-samples", "2", "--batch-tokens", "8"],
+    "tree_bar": ["--prompts-n", "2", "--tokens", "16", "--tree-rows", "1,2",
+                 "--batch-records", "2", "--batch-samples", "2", "--batch-tokens", "16"],
     "memory_check": ["--cases", "2k-64x", "--threads", "1", "--tolerance", "10"],
     "mixed_profile": ["--records", "2", "--samples", "1", "--tokens", "4", "--lengths", "64,128",
                       "--equal-length", "96", "--batch-size", "2", "--threads", "1"],

@@ -37,7 +37,7 @@ COMMANDS = ("generate", "verify", "score", "convert", "info", "train")
 STATS_COLUMNS = ("record_id sample prompt_len new_tokens mode drafter gamma rounds tau "
                  "acceptance_rate wall_s tokens_per_s native_wall_s native_tokens_per_s "
                  "speedup rule verified_positions efficiency decode_s prefill_s batch input_id "
-                 "region seed job").split()
+                 "region seed job branch_rows branch_wins").split()
 BATCH_DEPENDENT = ("verified_positions", "efficiency", "batch")  # a block spans its round's draft
 FAST = ["--threads", "1", "-q"]
 

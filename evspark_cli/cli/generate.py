@@ -56,6 +56,7 @@ from .options import (
     StrictOpt,
     TailOpt,
     ThreadsOpt,
+    TreeRowsOpt,
 )
 from .progress import Progress
 
@@ -100,6 +101,7 @@ def generate(
     gamma: int = GammaOpt,
     rule: str = RuleOpt,
     draft_length: str = DraftLengthOpt,
+    tree_rows: int = TreeRowsOpt,
     alphabet: str = AlphabetOpt,
     rollback: str = RollbackOpt,
     force_drafter: bool = ForceDrafterOpt,
@@ -132,7 +134,6 @@ def generate(
     remote, config = _model_source(server, api_key_file, model_dir)
     got = read_input(inputs, region, regions, prompt_tail, shard, strict, prompt or None, iupac,
                      context_cap(config), samples, config, circular)
-    prompts = got.prompts
     # the bar shows before torch is imported (a second or two): a run says what it does at once
     with Progress("generate", "tokens", quiet=quiet) as prog:
         prog.update(status="loading the model" if remote is None else "")
@@ -140,19 +141,19 @@ def generate(
         from ..generation.records import RecordScheme
         from ..serve.remote import remote_run
 
-        options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k,
-                                top_p, seed, samples, rollback, rule, draft_length, alphabet)
+        options = DecodeOptions(max_new_tokens, gamma, temperature, 1 if greedy else top_k, top_p,
+                                seed, samples, rollback, rule, draft_length, alphabet, tree_rows)
         used = use_threads(threads)
-        run, model_name = (_local_run(model_dir, prompts, options, drafter, force_drafter,
+        run, model_name = (_local_run(model_dir, got.prompts, options, drafter, force_drafter,
                                       device, dtype, cuda_graphs, compile_cpu, max_memory,
                                       config, compare_native) if remote is None
-                           else remote_run(*remote, prompts, options, drafter))
+                           else remote_run(*remote, got.prompts, options, drafter))
         scheme = RecordScheme(model_name, run.drafter_label, options, include_prompt,
                               prompt_tail, iupac, _split(shard))
-        jobs, failed = _decode(scheme, run, prompts, prog, output, stats, (line_width, index),
+        jobs, failed = _decode(scheme, run, got.prompts, prog, output, stats, (line_width, index),
                                resume, batch_size, max_memory)
-    own = len(scheme.output_ids(prompts))  # the run's jobs: every (record, sample), or a shard's
-    prog.summary(summary_line(run.summary, len(prompts), samples, time.monotonic() - t0, used,
+    own = len(scheme.output_ids(got.prompts))  # the run's jobs (all, or a shard's)
+    prog.summary(summary_line(run.summary, len(got.prompts), samples, time.monotonic() - t0, used,
                               resumed=own - len(jobs), skipped=len(got.skipped),
                               shard=(shard, own) if shard else None))
     _exit_if_failed(failed, len(jobs), samples, output)

@@ -72,6 +72,10 @@ DraftLengthOpt = option(defaults.DRAFT_LENGTH, "--draft-length", panel=SPECULATI
                         "verifies as many drafts as the drafter's confidence and the measured "
                         "cost of a block make worth it, --gamma at most; greedy or --rule "
                         "coupled only; same output).")
+TreeRowsOpt = option(defaults.TREE_ROWS, "--tree-rows", panel=SPECULATION_PANEL,
+                     help="Token trees: each job may verify up to N alternative drafts beside "
+                     "its own in each round's pass, on rows of the batch that no queued job "
+                     "needs (greedy or --rule coupled only; same output). 0: none.")
 QuietOpt = option(False, "--quiet", "-q", help="No progress (neither the bar on a terminal nor "
                   "the timestamped lines in a log); warnings, errors and the summary line stay.",
                   panel=OUTPUT_PANEL)

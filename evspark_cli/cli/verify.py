@@ -36,6 +36,7 @@ from .options import (
     StrictOpt,
     TailOpt,
     ThreadsOpt,
+    TreeRowsOpt,
     option,
 )
 from .progress import Progress
@@ -88,6 +89,7 @@ def verify(
     seed: int = SeedOpt,
     rule: str = RuleOpt,
     draft_length: str = DraftLengthOpt,
+    tree_rows: int = TreeRowsOpt,
     alphabet: str = AlphabetOpt,
     region: Optional[List[str]] = RegionOpt,
     regions: Optional[str] = RegionsOpt,
@@ -118,18 +120,16 @@ def verify(
     from ..eval.verify import VerifyOptions, verify_prompts
     from ..generation.options import DecodeOptions
     from ..generation.plan import model_and_drafter
-    from ..io.writers import check_distinct_outputs, check_output_path, write_text_atomic
-    from ..limits import context_cap, readable_config, run_inputs
+    from ..io.writers import write_text_atomic
+    from ..limits import context_cap, readable_config
 
     options = VerifyOptions(DecodeOptions(max_new_tokens, gamma, temperature, top_k, top_p, seed,
                                           rollback=rollback, rule=rule,
-                                          draft_length=draft_length, alphabet=alphabet),
+                                          draft_length=draft_length, alphabet=alphabet,
+                                          tree_rows=tree_rows),
                             tie_tolerance, batch_size)
     inputs = inputs or [str(example_prompts())]
-    if report:
-        check_output_path(report)
-        check_distinct_outputs(run_inputs(inputs, regions, model_dir, [drafter]),
-                               [("--report", report)])
+    _check_report(report, inputs, regions, model_dir, drafter)
     t0 = time.monotonic()
     config = readable_config(model_dir)
     prompts = read_input(inputs, region, regions, prompt_tail, shard, strict, iupac=iupac,
@@ -167,3 +167,16 @@ def _counter(prog: Progress) -> Callable[[dict], None]:
         prog.milestone(f"{diverged} non-tie divergences")
 
     return row_done
+
+
+def _check_report(report: Optional[str], inputs: List[str], regions: Optional[str],
+                  model_dir: Optional[str], drafter: str) -> None:
+    """A `--report` path that can be written and is none of the run's inputs."""
+    if not report:
+        return
+    from ..io.writers import check_distinct_outputs, check_output_path
+    from ..limits import run_inputs
+
+    check_output_path(report)
+    check_distinct_outputs(run_inputs(inputs, regions, model_dir, [drafter]),
+                           [("--report", report)])

@@ -37,6 +37,7 @@ from .jobs import DecodeResult, Job, Outcome, RoundReport, largest_draft, row_re
 from .prefill import Prefilled, prefill_prompt
 from .sampling import Purpose, SamplerConfig, coupled_draw, sample_from_probs, sampler_probs
 from .schedule import DraftSchedule, block_costs
+from .tree import TreeSizer, share_rows
 
 ROLLBACKS = ("slice", "replay")
 
@@ -80,7 +81,8 @@ class BatchDecoder:
                  track_margins: bool = False,
                  on_round: Callable[[RoundReport], None] | None = None,
                  capacity: int | None = None, adaptive: bool = False,
-                 on_prefill: Callable[[Job, int, int], None] | None = None) -> None:
+                 on_prefill: Callable[[Job, int, int], None] | None = None,
+                 tree_rows: int = 0) -> None:
         """`capacity`: KV positions to reserve per row when the first batch is built (the run's
         longest prompt + new tokens + a block), so the caches never grow mid-run: the dense
         layout (kvcache.py) that recorded graphs replay and a GPU prefers, taken on a GPU or
@@ -90,7 +92,9 @@ class BatchDecoder:
         independent of it (greedy, coupled); elsewhere every round drafts `gamma`.
         `on_prefill(job, done, total)`: a prefill's progress in bases (`prefill.PrefillProgress`),
         told between its chunks, for the displays that would otherwise stall for minutes on a
-        long prompt."""
+        long prompt. `tree_rows`: the most branch rows (`tree.py`) one live row may take while
+        the batch has free rows and nothing is queued (0: none); greedy and coupled only, with
+        the slicing rollback and a drafter that scores its paths."""
         if rollback not in ROLLBACKS:
             raise InputError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
         if batch_size < 1:
@@ -106,6 +110,12 @@ class BatchDecoder:
         self.mode = "speculative" if drafter is not None else "native"
         self.on_gpu = model.device.type != "cpu"
         self.prefix = drafter.prefix_len if drafter is not None else 0
+        self.tree_rows = tree_rows if (drafter is not None and drafter.scores_paths
+                                       and rollback == "slice"
+                                       and (sampler.greedy or sampler.coupled)) else 0
+        self.branch_of: list[int] = []  # state rows past the live rows: branches of these rows
+        self.sizer: TreeSizer | None = None  # how many branches pay (made at the first tree)
+        self._width = 0  # branches per live row when they were made
         self.schedule: DraftSchedule | None = None
         if adaptive and drafter is not None and (sampler.greedy or sampler.coupled):
             self.schedule = DraftSchedule(block_costs(model, batch_size, self.gamma + 1),
@@ -140,6 +150,9 @@ class BatchDecoder:
         row stays in the batch until the next step (the caller sees the state its last round
         left)."""
         out: list[Outcome] = []
+        if self.branch_of and (self._finished or (len(self.rows) < self.batch_size
+                                                  and source.peek() is not None)):
+            self._prune()  # rows change: branches give their rows back first
         if self._finished:  # the last round's finished rows leave (or queued jobs take them)
             out += self._refill(source, self._finished)
             self._finished = []
@@ -147,7 +160,11 @@ class BatchDecoder:
             out += self._fill(source, free=range(len(self.rows), self.batch_size))[0]
         if not self.rows:
             return out if out or source.peek() is not None else None
+        if self.tree_rows and not self.branch_of and source.peek() is None:
+            self._branch()  # free rows nobody queued for: token trees
         done, self._finished = self._round()
+        if self.branch_of and self.sizer is not None and self.sizer.width < self._width:
+            self._prune()  # fewer branches pay: made anew, at the new width, next step
         return out + done
 
     def live(self) -> list[tuple[Job, DecodeResult]]:
@@ -158,6 +175,8 @@ class BatchDecoder:
         """Take the rows of the jobs with these `index`es out of the batch (a client that went
         away): their jobs, unfinished. The other rows go on untouched (a row's tokens never
         depend on its neighbours)."""
+        if self.branch_of:
+            self._prune()
         for slot in sorted(self._finished, reverse=True):  # finished rows leave first
             self._remove(slot)
         self._finished = []
@@ -187,6 +206,11 @@ class BatchDecoder:
             ids = torch.cat([anchors, prop.drafts[:, :G]], dim=1)
         else:
             ids = anchors
+        fed = ids[:, 1:]
+        owner = list(range(B)) + self.branch_of  # the live row each state row decodes for
+        if self.branch_of:  # branch rows: alternative drafts (the live row's, when none)
+            fed = torch.cat([fed, self._branch_drafts(prop, fed, gammas)])
+            ids = torch.cat([ids[owner, :1], fed], dim=1)
         t1 = time.perf_counter()
         if self.on_gpu:
             ids = ids.to(model.device)
@@ -194,42 +218,61 @@ class BatchDecoder:
         t_block = time.perf_counter()
         logits, hidden, block = model.extend(state, ids)
         t_block = time.perf_counter() - t_block  # (on a GPU: the launch; the sum syncs below)
-        k, V = logits.shape[1:]
-        p = sampler_probs(logits.reshape(B * k, V), self.sampler).view(B, k, V)
+        N, k, V = logits.shape
+        p = sampler_probs(logits.reshape(N * k, V), self.sampler).view(N, k, V)
         pos = state.lengths  # row b's anchor sits at pos[b]; its draft j at pos[b] + j
-        if self.sampler.coupled:
-            m, nxt, gaps = self._coupled(p, pos, prop, gammas)
+        all_gammas = [gammas[o] for o in owner]
+        if self.sampler.coupled or self.branch_of:
+            m_all, y, gap = self._coupled(p, pos, fed if prop is not None else None,
+                                          all_gammas, owner)
+            win = self._winners(m_all, B)
+            m = [m_all[w] for w in win]
+            nxt = [y[w] for w in win]
+            gaps = [gap[w] for w in win]
         else:
             m, nxt = self._residual(p, pos, prop, gammas)
-        bad = self._nonfinite_rows(logits, m, pos)
+            win, m_all = list(range(B)), m
+        bad = self._nonfinite_rows(logits[win] if self.branch_of else logits, m, pos)
         margins = None
         if self.track_margins:  # the native step's tie margin: logit gap, or perturbed-score gap
             margins = gaps if self.sampler.coupled and not self.sampler.greedy else \
-                self._margins(logits)
+                self._margins(logits[:B])
         counts = [x + 1 for x in m]
         t_commit = time.perf_counter()
-        if snapshot is None:
-            self.state = block.commit(counts if prop is not None else 1)
-        else:
+        if snapshot is not None:
             self.state = model.extend(snapshot, ids[:, : max(counts)])[2].commit(counts)
+        elif self.branch_of:  # every row of a job takes its winning row's tokens
+            source = win + [win[o] for o in self.branch_of]
+            self.state = block.commit([counts[o] for o in owner], source)
+        else:
+            self.state = block.commit(counts if prop is not None else 1)
         t2 = time.perf_counter()
+        if self.sizer is not None and prop is not None:
+            per_row: list[list[int]] = [[x] for x in m_all[:B]]
+            for t, o in enumerate(self.branch_of):
+                per_row[o].append(m_all[B + t])
+            self.sizer.observe(per_row, k, time.perf_counter() - t0)
         if self.schedule is not None and prop is not None:
-            self.schedule.observe(gammas, m)
+            self.schedule.observe(gammas, m_all[:B])  # the live rows' own drafts
         if self.draft is not None:
-            self.draft.observe(ids, hidden, counts)
+            self.draft.observe(ids[win] if self.branch_of else ids,
+                               hidden[win] if self.branch_of else hidden, counts)
         finished: list[int] = []
         done: list[Outcome] = []
         emitted = 0
-        fed = prop.drafts.tolist() if prop is not None else None
+        kept = fed[win].tolist() if prop is not None else None
+        branches = [0] * B
+        for o in self.branch_of:
+            branches[o] += 1
         for b, r in enumerate(rows):
             res = r.result
             if b in bad:
                 finished.append(b)
                 done.append(Outcome(r.job, error=nonfinite_error(bad[b], r.job.label)))
                 continue
-            new = fed[b][: m[b]] + [nxt[b]] if fed is not None else [nxt[b]]
+            new = kept[b][: m[b]] + [nxt[b]] if kept is not None else [nxt[b]]
             res.tokens.extend(new)
-            res.verified += k
+            res.verified += k * (1 + branches[b])
             emitted += len(new)
             r.anchor = nxt[b]
             if margins is not None:
@@ -238,6 +281,8 @@ class BatchDecoder:
                 res.rounds += 1
                 res.accepted.append(m[b])
                 res.proposed.append(gammas[b])
+                res.branch_rows += branches[b]
+                res.branch_wins += win[b] != b
                 for j in range(gammas[b]):
                     res.position_trials[j] += j <= m[b]
                     res.position_accepts[j] += j < m[b]
@@ -254,8 +299,62 @@ class BatchDecoder:
         if self.on_round is not None:
             self.on_round(RoundReport(emitted, B, sum(m), sum(gammas), spent))
         if self.schedule is not None and prop is not None:
-            self.schedule.note_round(B, k, time.perf_counter() - t0, t_block + t2 - t_commit)
+            self.schedule.note_round(N, k, time.perf_counter() - t0, t_block + t2 - t_commit)
         return done, finished
+
+    def _winners(self, m_all: list[int], B: int) -> list[int]:
+        """Per live row, the state row (itself or one of its branches) that accepted the most
+        drafts; the live row itself on a tie."""
+        win = list(range(B))
+        for t, o in enumerate(self.branch_of):
+            if m_all[B + t] > m_all[win[o]]:
+                win[o] = B + t
+        return win
+
+    def _branch_drafts(self, prop: Proposal | None, fed: Tensor, gammas: list[int]) -> Tensor:
+        """The drafts of the branch rows (T, G): each live row's most likely alternatives to
+        its own drafts (`DraftPaths.branches`), its own drafts where it has fewer."""
+        out = fed[self.branch_of].clone()
+        if prop is None or prop.paths is None:
+            return out
+        wanted = [0] * len(gammas)
+        for o in self.branch_of:
+            wanted[o] += 1
+        alts = [prop.paths.branches(b, fed[b, : gammas[b]].tolist(), n) if n and gammas[b]
+                else [] for b, n in enumerate(wanted)]
+        taken = [0] * len(gammas)
+        for t, o in enumerate(self.branch_of):
+            if taken[o] < len(alts[o]):
+                out[t, : gammas[o]] = torch.tensor(alts[o][taken[o]], dtype=out.dtype)
+                taken[o] += 1
+        return out
+
+    def _branch(self) -> None:
+        """Give the free rows to the live rows as branches (`tree.py`): each branch row is a
+        copy of its row's state, made once; `Block.commit(j, source)` keeps it in step."""
+        assert self.state is not None
+        if self.sizer is None:
+            self.sizer = TreeSizer(block_costs(self.model, self.batch_size, self.gamma + 1),
+                                   self.tree_rows)
+        B = len(self.rows)
+        able = [b for b, r in enumerate(self.rows) if r.remaining > 1]
+        shares = share_rows(self.batch_size - B, len(able))
+        owners = [b for b, n in zip(able, shares) for _ in range(min(n, self.sizer.width))]
+        if not owners:
+            return
+        self._width = max(min(n, self.sizer.width) for n in shares)
+        self.state = InferenceState.gather([(self.state, range(B)), (self.state, owners)])
+        if self.dense:
+            for c in self.state.caches():
+                c.reserve(self.capacity or 0)
+        self.branch_of = owners
+
+    def _prune(self) -> None:
+        """The branch rows leave (rows are about to change: a job joins or leaves)."""
+        assert self.state is not None
+        for row in range(self.state.batch - 1, len(self.rows) - 1, -1):
+            self.state = self.state.remove(row)
+        self.branch_of = []
 
     def _scheduled(self, prop: Proposal, gammas: list[int], pos: tuple[int, ...]) -> int:
         """The drafts this round verifies, chosen from the drafter's confidence in each: under
@@ -265,14 +364,16 @@ class BatchDecoder:
         if G == 0 or self.sampler.greedy:
             return self.schedule.choose(None, gammas)
         B, V = len(gammas), prop.q.shape[-1]
-        _, gap = coupled_draw(prop.q[:, :G].reshape(B * G, V), *self._noise_keys(pos, G),
+        _, gap = coupled_draw(prop.q[:, :G].reshape(B * G, V), *self._noise_keys(pos[:B], G),
                               self.sampler)
         return self.schedule.choose(gap.view(B, G), gammas)
 
-    def _noise_keys(self, pos: tuple[int, ...], k: int) -> tuple[Tensor, Tensor]:
+    def _noise_keys(self, pos: tuple[int, ...], k: int, owner: Sequence[int] | None = None
+                    ) -> tuple[Tensor, Tensor]:
         """Coupled-noise keys and positions of the k positions after each row's anchor, row by
-        row (B * k entries)."""
-        keys = torch.tensor([r.job.rng.coupled for r in self.rows], dtype=torch.int64)
+        row (B * k entries): state row i decodes for live row owner[i] (default: row i)."""
+        owner = range(len(pos)) if owner is None else owner
+        keys = torch.tensor([self.rows[o].job.rng.coupled for o in owner], dtype=torch.int64)
         at = torch.tensor(pos, dtype=torch.int64)[:, None] + 1 + torch.arange(k)
         return keys.repeat_interleave(k), at.reshape(-1)
 
@@ -299,17 +400,20 @@ class BatchDecoder:
                                                    device=dist.device)).tolist()
         return m, nxt
 
-    def _coupled(self, p: Tensor, pos: tuple[int, ...], prop: Proposal | None,
-                 gammas: list[int]) -> tuple[list[int], list[int], list[float]]:
-        """The coupled rule: the target's Gumbel-max token at every verified position, the
-        drafts accepted while they equal it, and the target's token at the first mismatch (or
-        after the last draft): native sampling's tokens. Also each row's margin there."""
-        B, k, V = p.shape
-        y, gap = coupled_draw(p.reshape(B * k, V), *self._noise_keys(pos, k), self.sampler)
-        y, gap = y.view(B, k).cpu(), gap.view(B, k)
-        G = max(gammas)
-        m = [0] * B if prop is None else accepted_matches(y, prop.drafts[:, :G], gammas)
-        rows = torch.arange(B)
+    def _coupled(self, p: Tensor, pos: tuple[int, ...], drafts: Tensor | None,
+                 gammas: list[int], owner: list[int]
+                 ) -> tuple[list[int], list[int], list[float]]:
+        """The coupled rule (greedy is its zero-noise case) for every state row (`owner`: the
+        live row whose job and position it decodes): the target's Gumbel-max token at every
+        verified position, the drafts accepted while they equal it, and per row the target's
+        token at the first mismatch (or after the last draft): native sampling's tokens. Also
+        each row's margin there."""
+        N, k, V = p.shape
+        keys, at = self._noise_keys(pos, k, owner)  # a branch row: its live row's noise
+        y, gap = coupled_draw(p.reshape(N * k, V), keys, at, self.sampler)
+        y, gap = y.view(N, k).cpu(), gap.view(N, k)
+        m = [0] * N if drafts is None else accepted_matches(y, drafts, gammas)
+        rows = torch.arange(N)
         at_m = torch.tensor(m)
         return m, y[rows, at_m].tolist(), gap[rows, at_m].tolist()
 

@@ -32,6 +32,8 @@ class DecodeResult:
     #                        run's decoding time, so tokens / decode_s is one definition of
     #                        decoding tokens/s for a row, a batch and a run (docs/cli.md)
     progress: list[tuple[int, float]] = field(default_factory=list)  # (tokens so far, seconds)
+    branch_rows: int = 0  # branch rows (token trees) summed over the rounds this row took part in
+    branch_wins: int = 0  # rounds whose tokens came from a branch row, not the row's own drafts
 
     @property
     def tau(self) -> float | None:

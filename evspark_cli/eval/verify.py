@@ -164,7 +164,7 @@ def _verify_batched(model: StripedHyena, jobs: list[Job], drafter: Drafter,
                              j.label, track_margins=True) for j in jobs]
     t0 = time.perf_counter()
     dec = BatchDecoder(model, opts.sampler, drafter, opts.largest_draft, rows_at_once,
-                       opts.rollback, adaptive=opts.adaptive)
+                       opts.rollback, adaptive=opts.adaptive, tree_rows=opts.tree_rows)
     spec: dict[int, DecodeResult] = {}
     for o in dec.run(jobs):
         if o.error is not None:

@@ -32,6 +32,8 @@ def default_batch_size(device: torch.device) -> int:
 MAX_SAMPLES = 1_000_000
 """The most continuations of one record: a million sequences take days to decode already, and a
 larger count is a typo whose jobs alone would fill the memory."""
+MAX_TREE_ROWS = 1024
+"""The most branch rows one job may take (rows beyond a batch's free ones are never taken)."""
 MAX_NEW_TOKENS = 10 ** 9
 """The most new tokens per sequence before a model is known (no model's context is longer);
 the model's own context bounds it further (`check_context`)."""
@@ -67,17 +69,21 @@ class DecodeOptions:
     rule: str = defaults.RULE  # how tokens are drawn from p̃: residual or coupled (sampling.py)
     draft_length: str = defaults.DRAFT_LENGTH  # fixed, or confidence (decode/schedule.py)
     alphabet: str = defaults.ALPHABET  # all, or acgt: what sampling may draw (sampling.py)
+    tree_rows: int = defaults.TREE_ROWS  # branch rows a job may take from free rows (tree.py)
 
     def __post_init__(self) -> None:
         _integer("max_new_tokens", self.max_new_tokens)
         _integer("gamma", self.gamma)
         _integer("seed", self.seed)
         _integer("samples", self.samples)
+        _integer("tree_rows", self.tree_rows)
         if not 0 <= self.seed < 2 ** 63:
             raise SettingError.of("seed", f"must be an integer in [0, 2**63), got {self.seed}")
         at_least("max_new_tokens", self.max_new_tokens, 1)
         at_least("gamma", self.gamma, 1)
         at_least("samples", self.samples, 1)
+        at_least("tree_rows", self.tree_rows, 0)
+        at_most("tree_rows", self.tree_rows, MAX_TREE_ROWS, "branch rows of one job")
         at_most("max_new_tokens", self.max_new_tokens, MAX_NEW_TOKENS, "no model's context is "
                 "that long")
         at_most("samples", self.samples, MAX_SAMPLES, "continuations of one record")
@@ -93,6 +99,13 @@ class DecodeOptions:
             raise SettingError("{0} confidence needs greedy decoding or {1} coupled: under the "
                                "residual rule a sampled token depends on the drafts it is "
                                "tested against", "draft_length", "rule")
+        if self.tree_rows and not (self.sampler.greedy or self.sampler.coupled):
+            raise SettingError("{0} needs greedy decoding or {1} coupled: under the residual "
+                               "rule a sampled token depends on the drafts it is tested "
+                               "against", "tree_rows", "rule")
+        if self.tree_rows and self.rollback != "slice":
+            raise SettingError("{0} needs {1} slice (branch rows follow their job by slicing "
+                               "its block)", "tree_rows", "rollback")
 
     @property
     def adaptive(self) -> bool:

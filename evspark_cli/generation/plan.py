@@ -44,7 +44,7 @@ def plan_batch(model: StripedHyena, jobs: Sequence[Job], options: DecodeOptions,
                                    or batch_size < 1):
         raise SettingError.of("batch_size", f"must be an integer >= 1, got {batch_size!r}")
     want = batch_size or default_batch_size(model.device)
-    rows = max(1, min(want, len(jobs)))
+    rows = max(1, min(want, len(jobs) * (1 + options.tree_rows)))  # branch rows: free rows
     context, block, needs = memory_inputs(model, jobs, options, drafter)
     weights = next(model.parameters()).dtype
     loaded = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -66,8 +66,9 @@ def memory_inputs(model: StripedHyena, jobs: Sequence[Job], options: DecodeOptio
     speculative = drafter is not None
     longest = max((len(j.prompt) for j in jobs), default=1)
     context = options.row_capacity(longest, speculative) + 1  # + the block's anchor
-    needs = None if dense_layout(model) else [
-        options.row_capacity(len(j.prompt), speculative) + 1 for j in jobs]
+    needs = None if dense_layout(model) else [  # a branch row holds its job's positions
+        options.row_capacity(len(j.prompt), speculative) + 1 for j in jobs
+        for _ in range(1 + (options.tree_rows if speculative else 0))]
     return context, options.block(speculative), needs
 
 

@@ -26,7 +26,8 @@ from ..decode.jobs import DecodeResult, Job
 STATS_COLUMNS = ["record_id", "sample", "prompt_len", "new_tokens", "mode", "drafter", "gamma",
                  "rounds", "tau", "acceptance_rate", "wall_s", "tokens_per_s", "native_wall_s",
                  "native_tokens_per_s", "speedup", "rule", "verified_positions", "efficiency",
-                 "decode_s", "prefill_s", "batch", "input_id", "region", "seed", "job"]
+                 "decode_s", "prefill_s", "batch", "input_id", "region", "seed", "job",
+                 "branch_rows", "branch_wins"]
 """The stats file's columns (docs/cli.md, "Stats"); columns added later go last."""
 
 
@@ -82,6 +83,8 @@ def make_stats(job: Job, res: DecodeResult, drafter: str, gamma: int,
         "native_wall_s": None, "native_tokens_per_s": None, "speedup": None,
         "rule": rule, "verified_positions": res.verified, "efficiency": _round(res.efficiency),
         "decode_s": _round(res.decode_s), "prefill_s": _round(res.prefill_s), "batch": batch,
+        "branch_rows": res.branch_rows if spec else None,
+        "branch_wins": res.branch_wins if spec else None,
     }
     if native is not None:
         row["native_wall_s"] = _round(native.wall_s)

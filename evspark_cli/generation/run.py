@@ -349,7 +349,7 @@ class GenerationRun:
                            self.batch_size, opts.rollback, adaptive=opts.adaptive,
                            on_round=self._rounds(p, None if p.timing_only else self.on_round),
                            capacity=opts.row_capacity(max(len(j.prompt) for j in p.jobs)),
-                           on_prefill=self._prefills(p))
+                           on_prefill=self._prefills(p), tree_rows=opts.tree_rows)
         # a timing-only repeat counts in its pair, not in the run's totals
         summary = self.summary if not p.timing_only else RunSummary()
         tokens, away = 0, 0.0

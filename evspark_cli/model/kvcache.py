@@ -295,6 +295,20 @@ class KVCache:
         return [(s, row_index(s.rows, self.device), tuple(t0[b] for b in s.rows))
                 for s in self.shelves if s.rows]
 
+    def copy_block(self, source: Sequence[int], t0: Lengths, n: Lengths) -> int:
+        """Row b's positions t0[b]..t0[b]+n[b]-1 become row source[b]'s (rows at one position:
+        a token tree's branch rows taking the branch that verified longest); the new version."""
+        starts = [NOT_WRITTEN] * self.batch
+        for b, s in enumerate(source):
+            if s == b:
+                continue
+            (dst, slot), (src, src_slot) = self.at[b], self.at[s]
+            a, k = t0[b], n[b]
+            dst.k[slot, :, a: a + k] = src.k[src_slot, :, a: a + k]
+            dst.v[slot, :, a: a + k] = src.v[src_slot, :, a: a + k]
+            starts[b] = a
+        return self.note_write(tuple(starts))
+
     # ------------------------------------------------------------------ books
     def note_write(self, t0: Lengths) -> int:
         """Record that each row b was (re)written from t0[b] up; returns the new version."""

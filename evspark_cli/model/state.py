@@ -126,7 +126,9 @@ class FIRPending:
     widened: Tensor  # (B, C, K-1+k)
     width: int  # K - 1
 
-    def commit(self, j: Lengths) -> FIRWindow:
+    def commit(self, j: Lengths, source: Sequence[int] | None = None) -> FIRWindow:
+        if source is not None:  # each row takes its source row's window
+            return self.commit(j).select(source)
         if same_position(j):
             w = self.widened[..., j[0]: j[0] + self.width]
             # a view for verification blocks; a copy when a long (prefill) buffer would stay pinned
@@ -187,7 +189,9 @@ class ModalSigmas:
 
     sigmas: Tensor  # (B, D, S, k)
 
-    def commit(self, j: Lengths) -> ModalState:
+    def commit(self, j: Lengths, source: Sequence[int] | None = None) -> ModalState:
+        if source is not None:
+            return self.commit(j).select(source)
         if same_position(j):
             return ModalState(self.sigmas[..., j[0] - 1])
         rows = torch.arange(len(j), device=self.sigmas.device)
@@ -207,7 +211,9 @@ class ModalInputs:
     w: Tensor  # (B, D, k) fp32
     log_poles: Tensor  # (D, S) fp32
 
-    def commit(self, j: Lengths) -> ModalState:
+    def commit(self, j: Lengths, source: Sequence[int] | None = None) -> ModalState:
+        if source is not None:
+            return self.commit(j).select(source)
         if same_position(j):
             return ModalState(modal_state_after(self.sigma0, self.w[..., : j[0]], self.log_poles))
         return ModalState(torch.cat([
@@ -351,10 +357,14 @@ class KVPending:
     t0: Lengths
     version: int
 
-    def commit(self, j: Lengths) -> KVState:
+    def commit(self, j: Lengths, source: Sequence[int] | None = None) -> KVState:
         if self.cache.version != self.version:
             raise StaleBlockError("this block's KV rows were overwritten by a later extend")
-        return KVState(self.cache, tuple([t + n for t, n in zip(self.t0, j)]), self.version)
+        version = self.version
+        if source is not None and any(s != b for b, s in enumerate(source)):
+            # the block's keys and values of each row's source row, over the row's own
+            version = self.cache.copy_block(source, self.t0, j)
+        return KVState(self.cache, tuple([t + n for t, n in zip(self.t0, j)]), version)
 
     def outputs(self) -> list[Tensor]:
         return []
@@ -369,7 +379,7 @@ class KVStaticWrite:
 
     cache: KVCache
 
-    def commit(self, j: Lengths) -> KVState:
+    def commit(self, j: Lengths, source: Sequence[int] | None = None) -> KVState:
         raise TypeError("a static-form block commits through InferenceState.block_from")
 
     def outputs(self) -> list[Tensor]:
@@ -432,8 +442,8 @@ class HyenaPending:
     feat: FIRPending
     inner: Union[FIRPending, ModalPending]
 
-    def commit(self, j: Lengths) -> HyenaState:
-        return HyenaState(self.feat.commit(j), self.inner.commit(j))
+    def commit(self, j: Lengths, source: Sequence[int] | None = None) -> HyenaState:
+        return HyenaState(self.feat.commit(j, source), self.inner.commit(j, source))
 
     def outputs(self) -> list[Tensor]:
         return self.feat.outputs() + self.inner.outputs()
@@ -457,7 +467,7 @@ class LayerState(Protocol):
 
 
 class LayerPending(Protocol):
-    def commit(self, j: Lengths) -> LayerState: ...
+    def commit(self, j: Lengths, source: Sequence[int] | None = None) -> LayerState: ...
     def outputs(self) -> list[Tensor]: ...  # per-position tensors of the pass (none for KV)
 
 
@@ -585,9 +595,15 @@ class Block:
             raise ValueError(f"rows are at different positions {self.lengths0}; use .lengths0")
         return self.lengths0[0]
 
-    def commit(self, j: RowCommit) -> InferenceState:
+    def commit(self, j: RowCommit, source: Sequence[int] | None = None) -> InferenceState:
         """The state after the first j tokens of the block (1 <= j <= k; one j for every row or
-        one per row), by slicing only."""
+        one per row), by slicing only.
+
+        `source[b]` (a token tree's rows, all at one position): row b keeps the first j[b]
+        tokens of block row source[b] instead of its own, a sibling branch that verified
+        longer; its FIR windows and modal states are that row's slices and its KV cache gets
+        that row's j[b] new keys and values (copied: the positions before the block are
+        shared already). Default: every row its own."""
         if type(j) is int:  # one j for every row (a decode step, a uniform batch)
             if not 1 <= j <= self.k:
                 raise ValueError(f"commit({j}) outside 1..{self.k}")
@@ -597,7 +613,16 @@ class Block:
             if min(js) < 1 or max(js) > self.k:
                 bad = min(js) if min(js) < 1 else max(js)
                 raise ValueError(f"commit({bad}) outside 1..{self.k}")
-        return InferenceState(tuple([p.commit(js) for p in self.pendings]),
+        if source is None:
+            return InferenceState(tuple([p.commit(js) for p in self.pendings]),
+                                  tuple([t + n for t, n in zip(self.lengths0, js)]))
+        if len(source) != len(js) or any(
+                not 0 <= s < len(js) or js[s] != n or self.lengths0[s] != self.lengths0[b]
+                for b, (s, n) in enumerate(zip(source, js))):
+            raise ValueError("commit from source rows needs, per row, a source row at the same "
+                             "position committing the same j")
+        src = tuple(source)
+        return InferenceState(tuple([p.commit(js, src) for p in self.pendings]),
                               tuple([t + n for t, n in zip(self.lengths0, js)]))
 
     def outputs(self) -> list[Tensor]:

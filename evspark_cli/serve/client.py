@@ -61,7 +61,7 @@ class Client:
                  record: int = 0, sample: int = 0, record_id: str = "prompt",
                  **settings: Any) -> GenerateOutput:
         """`evs.generate(model, prompt, ...)` on the server (the same keywords: drafter, gamma,
-        temperature, top_k, top_p, seed, rule, rollback, draft_length, alphabet)."""
+        temperature, top_k, top_p, seed, rule, rollback, draft_length, alphabet, tree_rows)."""
         rec = {"id": record_id, "sequence": _text(prompt), "key": record, "samples": [sample]}
         outs = self._generate([rec], max(1, sample + 1), max_new_tokens, settings)
         return outs[0]

@@ -62,11 +62,12 @@ class Lane:
     rollback: str
     draft_length: str
     alphabet: str
+    tree_rows: int = 0
 
     @classmethod
     def of(cls, drafter: str, o: DecodeOptions) -> Lane:
         return cls(drafter, o.gamma, o.temperature, o.top_k, o.top_p, o.rule, o.rollback,
-                   o.draft_length, o.alphabet)
+                   o.draft_length, o.alphabet, o.tree_rows)
 
 
 @dataclass(eq=False)
@@ -214,7 +215,8 @@ class Engine:
     def _decoder(self, drafter: Drafter | None, options: DecodeOptions) -> BatchDecoder:
         return BatchDecoder(self.model, options.sampler, drafter,
                             options.gamma if drafter is not None else 0, self.batch_size,
-                            options.rollback, adaptive=options.adaptive, on_round=self._round)
+                            options.rollback, adaptive=options.adaptive, on_round=self._round,
+                            tree_rows=options.tree_rows)
 
     def _check_memory(self, jobs: Sequence[Job], options: DecodeOptions, spec: bool) -> None:
         """Refuse a request whose rows alone (a batch of them, at most `batch_size`) would not

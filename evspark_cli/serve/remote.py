@@ -146,7 +146,7 @@ class RemoteRun:
             "records": [record], "samples": o.samples, "max_new_tokens": o.max_new_tokens,
             "gamma": o.gamma, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
             "seed": o.seed, "rule": s.rule, "rollback": o.rollback,
-            "draft_length": o.draft_length, "alphabet": s.alphabet}
+            "draft_length": o.draft_length, "alphabet": s.alphabet, "tree_rows": o.tree_rows}
         if self.drafter is not None:
             body["drafter"] = self.drafter
         return body

@@ -81,6 +81,7 @@ class Generate(BaseModel):
     rollback: str = defaults.ROLLBACK
     draft_length: str = defaults.DRAFT_LENGTH
     alphabet: str = defaults.ALPHABET
+    tree_rows: int = defaults.TREE_ROWS
     drafter: str | None = Field(None, description="A drafter the server serves (GET "
                                                   "/v1/models); default the server's own")
     stream: bool = False
@@ -88,7 +89,7 @@ class Generate(BaseModel):
     def options(self) -> DecodeOptions:
         return DecodeOptions(self.max_new_tokens, self.gamma, self.temperature, self.top_k,
                              self.top_p, self.seed, self.samples, self.rollback, self.rule,
-                             self.draft_length, self.alphabet)
+                             self.draft_length, self.alphabet, self.tree_rows)
 
     def to_records(self, vocab: int) -> list[Record]:
         return [Record(r.id, prompt_ids(r.sequence, vocab, f"record {r.id!r}"), _key(r))

@@ -31,6 +31,7 @@ from ..sampling import (
     uniform_float,
     uniform_floats,
 )
+from ..tree import DraftPaths
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class Proposal:
 
     drafts: Tensor  # (B, G) long, on the host
     q: Tensor  # (B, G, V) fp32: q[b, k] is the distribution drafts[b, k] was drawn from
+    paths: DraftPaths | None = None  # every path the drafter could have drafted (token trees);
+    #                                  None: a drafter that cannot say (no trees)
 
 
 class DraftRows(Protocol):
@@ -113,6 +116,11 @@ class Drafter(Protocol):
     @property
     def gamma_limit(self) -> int | None:
         """The most drafts one row can propose per round; None when there is no limit."""
+
+    @property
+    def scores_paths(self) -> bool:
+        """Whether its proposals carry `DraftPaths` (every path it could draft), which token
+        trees need (decode/tree.py)."""
 
     def rows(self, contexts: Sequence[DraftContext]) -> DraftRows:
         """Memory for new rows, one per context (a sequence each)."""

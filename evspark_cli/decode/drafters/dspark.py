@@ -14,6 +14,7 @@ work). The folder records the hash of the target weights it was distilled from.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
@@ -29,7 +30,14 @@ from ...files import read_bounded
 from ...model.model import StripedHyena
 from ...model.state import InferenceState, put_rows, swap_remove
 from ..sampling import Purpose, sampler_probs
+from ..tree import DraftPaths
 from .base import DraftContext, Proposal, alphabet_scores
+
+PATH_SCALE = 0.2
+"""The score gap (logit units) at which the tree planner takes the drafter's second letter to
+be e times less likely than its first to be the target's token (decode/tree.py): the drafter's
+error in its logits, which its perturbed scores (coupled) inherit. Measured on held-out genomes
+(branches won the most rounds at 0.15-0.25 of 0.03-3; docs/performance.md)."""
 
 
 @dataclass
@@ -199,6 +207,7 @@ class DSparkDrafter:
     """The drafter as the decoders see it: a distilled net shared by all rows."""
 
     name = "dspark"
+    scores_paths = True  # the Markov head scores every path (token trees)
 
     def __init__(self, net: DSparkNet, folder: Path | None = None) -> None:
         self.net = net.eval()
@@ -285,17 +294,24 @@ class DSparkRows:
         B, V = len(anchors), self.cfg.vocab_size
         drafts = torch.zeros(B, gmax, dtype=torch.long)
         q = torch.zeros(B, gmax, V, dtype=torch.float32, device=self.ctx.device)
+        A = self.cfg.n_alpha
+        scores = torch.full((B, gmax, A + 1, A), -math.inf, dtype=torch.float64)
         for g in sorted(set(gammas) - {0}):
             rows = [b for b in range(B) if gammas[b] == g]
-            d, qs = self._draft(rows, [anchors[b] for b in rows],
-                                [state.lengths[b] for b in rows], g)
+            d, qs, sc = self._draft(rows, [anchors[b] for b in rows],
+                                    [state.lengths[b] for b in rows], g)
             drafts[rows, :g] = d
             q[rows, :g] = qs
-        return Proposal(drafts, q)
+            scores[rows, :g] = sc
+        lut = self.net.lut.tolist()
+        paths = DraftPaths(scores, self.alpha.cpu(), [lut[a] for a in anchors], PATH_SCALE)
+        return Proposal(drafts, q, paths)
 
     def _draft(self, rows: list[int], anchors: list[int], positions: list[int], gamma: int
-               ) -> tuple[Tensor, Tensor]:
-        """Drafts (n, gamma) and q (n, gamma, V) of `rows`, each anchored at its position."""
+               ) -> tuple[Tensor, Tensor, Tensor]:
+        """Drafts (n, gamma), q (n, gamma, V) of `rows`, each anchored at its position, and the
+        scores of every path (n, gamma, classes, A) whose argmax the draws take (`DraftPaths`):
+        the perturbed scores log q + g under the coupled rule, else the logits (greedy)."""
         net = self.net
         whole = len(rows) == self.ctx.shape[0]
         ctx = self.ctx if whole else self.ctx[rows]
@@ -303,12 +319,14 @@ class DSparkRows:
         U = net.base_logits(ctx, valid, torch.tensor(anchors, device=ctx.device), gamma).float()
         # every conditional the left-to-right draws can meet, transformed in one batch:
         # Q[r, k, prev] = S(U_rk + B_k[prev]) over the alphabet, prev = anchor's class or a letter
-        Q = sampler_probs(U[:, :, None, :] + net.markov[:gamma].float(), self.sampler)
+        Z = U[:, :, None, :] + net.markov[:gamma].float()
+        Q = sampler_probs(Z, self.sampler)
         lut = net.lut.tolist()
         if self.sampler.coupled and not self.sampler.greedy:
-            picks = self._coupled_picks(Q, rows, [lut[a] for a in anchors], positions)
+            picks, scores = self._coupled_picks(Q, rows, [lut[a] for a in anchors], positions)
         else:
             picks = self._inverse_cdf_picks(Q, rows, [lut[a] for a in anchors], positions)
+            scores = Z.to(torch.float64).cpu()
         dev = Q.device
         sel = torch.tensor([p[:-1] for p in picks], device=dev)  # (n, gamma) Markov rows
         n = len(rows)
@@ -316,19 +334,21 @@ class DSparkRows:
         q = q_small.new_zeros(n, gamma, self.cfg.vocab_size)
         q[..., self.alpha] = q_small  # each draft's exact distribution over the vocabulary
         drafts = self.alpha[torch.tensor([p[1:] for p in picks], dtype=torch.long, device=dev)]
-        return drafts.cpu(), q
+        return drafts.cpu(), q, scores
 
     def _coupled_picks(self, Q: Tensor, rows: list[int], starts: list[int],
-                       positions: list[int]) -> list[list[int]]:
+                       positions: list[int]) -> tuple[list[list[int]], Tensor]:
         """Gumbel-max draws with the target's noise: every conditional's winner in one batch,
-        then each row's walk through its Markov chain on the host."""
+        then each row's walk through its Markov chain on the host. Also every conditional's
+        perturbed scores (n, gamma, classes, A)."""
         n, gamma, classes, A = Q.shape
         rngs = [self.contexts[b].rng for b in rows]
         at = [pos + 1 + k for pos in positions for k in range(gamma)]
         scores = alphabet_scores(Q.reshape(n * gamma, classes, A).transpose(0, 1).reshape(-1, A),
                                  self.alpha, [r for r in rngs for _ in range(gamma)] * classes,
                                  at * classes)
-        best = scores.view(classes, n, gamma, A).argmax(dim=-1).permute(1, 2, 0).tolist()
+        scores = scores.view(classes, n, gamma, A).permute(1, 2, 0, 3)
+        best = scores.argmax(dim=-1).tolist()
         picks = []
         for r, prev in enumerate(starts):
             seq = []
@@ -336,7 +356,7 @@ class DSparkRows:
                 seq.append(prev)
                 prev = best[r][k][prev]
             picks.append(seq + [prev])
-        return picks
+        return picks, scores.cpu()
 
     def _inverse_cdf_picks(self, Q: Tensor, rows: list[int], starts: list[int],
                            positions: list[int]) -> list[list[int]]:

@@ -24,6 +24,7 @@ class IdentityDrafter:
     name = "identity"
     prefix_len = 0
     gamma_limit: int | None = None
+    scores_paths = False  # its drafts do not come from a per-slot table (no token trees)
 
     def rows(self, contexts: Sequence[DraftContext]) -> "IdentityRows":
         return IdentityRows(list(contexts))

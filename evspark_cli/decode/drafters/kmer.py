@@ -24,6 +24,7 @@ class KmerDrafter:
     name = "kmer"
     prefix_len = 0
     gamma_limit: int | None = None
+    scores_paths = False  # its drafts do not come from a per-slot table (no token trees)
 
     def __init__(self, order: int = 8, vocab: int = 512) -> None:
         self.order = order
