@@ -6,7 +6,10 @@
 For each dtype (fp32, bf16) and each prompt of examples/prompts.fa: native vs speculative greedy
 decoding token by token (first divergence and the native top-1/top-2 logit gap there, so ties are
 told apart from errors), native vs speculative sampled decoding side by side (tokens/s, tau), and
-whether the identity drafter's sampled tokens equal native ones (records out of all).
+whether the identity drafter's sampled tokens equal native ones (records out of all); and coupled
+sampling (`--rule coupled`) natively, with one chain and with token trees (`--tree-rows`
+TREE_ROWS on a batch of 1 + TREE_ROWS rows: the decoder keeps the branches its timing says
+pay), every coupled run compared with native token for token.
 The model replays CUDA graphs for steps and verification blocks (load_model's default on a GPU).
 Reads the FASTA with a few lines of Python so that it runs where biopython is not installed.
 """
@@ -20,7 +23,9 @@ from pathlib import Path
 
 import torch
 
+from evspark_cli.decode.batch import BatchDecoder, run_one
 from evspark_cli.decode.drafters.registry import resolve_drafter
+from evspark_cli.decode.jobs import Job
 from evspark_cli.decode.drafters.base import RngKey
 from evspark_cli.decode.drafters.identity import IdentityDrafter
 from evspark_cli.decode.native import decode_native
@@ -31,6 +36,18 @@ from evspark_cli.model.checkpoint import load_model
 from evspark_cli.model.tokenizer import tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
+TREE_ROWS = 4
+
+
+def coupled(model, drafter, ids, tokens, gamma, rng, tree_rows):
+    """One coupled job with `tree_rows` branch rows at most (0: one chain, none: native):
+    (result, seconds, the width the decoder settled on)."""
+    sampler = SamplerConfig(1.0, 4, 1.0, "coupled")
+    dec = BatchDecoder(model, sampler, drafter, gamma if drafter is not None else 0,
+                       batch_size=1 + (tree_rows or 0), tree_rows=tree_rows or 0)
+    t = time.perf_counter()
+    res = run_one(dec, Job(0, tuple(ids), tokens, rng))
+    return res, time.perf_counter() - t, dec.sizer.width if dec.sizer is not None else None
 
 
 def read_fasta(path: Path) -> list[tuple[str, str]]:
@@ -52,6 +69,8 @@ def run_dtype(dtype: str, device: str, prompts: list[tuple[str, str]], tokens: i
     for sc in (greedy, sampled):  # warm-up: graph recordings, kernels, allocator
         decode_native(model, ids0, 32, sc, RngKey(0, 0, 0))
         decode_speculative(model, ids0, 64, sc, drafter, gamma, RngKey(0, 0, 0))
+    for t in (None, 0, TREE_ROWS):  # and the coupled decoders (the trees' block-cost table)
+        coupled(model, None if t is None else drafter, ids0, 64, gamma, RngKey(0, 0, 0), t)
     rows = []
     for r, (name, seq) in enumerate(prompts):
         ids = tokenize(seq)
@@ -65,6 +84,13 @@ def run_dtype(dtype: str, device: str, prompts: list[tuple[str, str]], tokens: i
         row.update(sampled_native_s=ns.wall_s, sampled_spec_s=ss.wall_s,
                    sampled_speedup=ns.wall_s / ss.wall_s, sampled_tau=ss.tau,
                    identity_sampled_equals_native=ident.tokens == ns.tokens)
+        cn, cn_s, _ = coupled(model, None, ids, tokens, gamma, rng, None)
+        chain, chain_s, _ = coupled(model, drafter, ids, tokens, gamma, rng, 0)
+        tree, tree_s, width = coupled(model, drafter, ids, tokens, gamma, rng, TREE_ROWS)
+        row.update(coupled_native_s=cn_s, coupled_chain_s=chain_s, coupled_tree_s=tree_s,
+                   coupled_chain_tau=chain.tau, coupled_tree_tau=tree.tau,
+                   coupled_tree_width=width, coupled_tree_branch_wins=tree.branch_wins,
+                   coupled_equal_native=chain.tokens == cn.tokens == tree.tokens)
         rows.append(row)
         print(dtype, json.dumps(row), flush=True)
     n = len(rows)
@@ -82,6 +108,11 @@ def run_dtype(dtype: str, device: str, prompts: list[tuple[str, str]], tokens: i
         "identity_sampled_equals_native": sum(r["identity_sampled_equals_native"] for r in rows),
         "tau_greedy_mean": sum(r["tau"] for r in rows) / n,
         "tau_sampled_mean": sum(r["sampled_tau"] for r in rows) / n,
+        "coupled_chain_speedup_pooled": (sum(r["coupled_native_s"] for r in rows)
+                                         / sum(r["coupled_chain_s"] for r in rows)),
+        "coupled_tree_speedup_pooled": (sum(r["coupled_native_s"] for r in rows)
+                                        / sum(r["coupled_tree_s"] for r in rows)),
+        "coupled_equal_native": sum(r["coupled_equal_native"] for r in rows),
     }
 
 

@@ -13,6 +13,9 @@ prompts), one process, on whatever threads torch has.
    by side). Every speculative job must equal native decoding token for token. Reported per
    variant: pooled speedup over native, tau, branch rows and wins per round, and the branch
    counts the decoder settled on (its measured choice, `decode/tree.py`).
+The measured block-cost tables the decoder's tree sizer reads are made (or read from the cache)
+and each decoder runs once before anything is timed.
+
 2. **A batch's tail.** Records x samples x tokens at the default batch, coupled: one chain
    against `--tree-rows` (branches take the rows that finished jobs leave), tokens/s and jobs
    that differ from native.
@@ -33,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from evspark_cli.decode.batch import BatchDecoder  # noqa: E402
 from evspark_cli.decode.drafters.registry import bundled_drafter_dir, resolve_drafter  # noqa: E402
 from evspark_cli.decode.sampling import SamplerConfig  # noqa: E402
+from evspark_cli.decode.schedule import block_costs  # noqa: E402
 from evspark_cli.eval.bench import default_prompts  # noqa: E402
 from evspark_cli.eval.provenance import provenance  # noqa: E402
 from evspark_cli.generation.jobs import Record, build_jobs  # noqa: E402
@@ -149,6 +153,13 @@ def main() -> None:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    widths = [int(w) for w in args.tree_rows.split(",")]
+    for rows in {1 + w for w in widths} | {args.batch_size}:  # the measured block costs, cached
+        block_costs(model, rows, args.gamma + 1)  # before any timing (a first run times them)
+    warm = build_jobs([Record.of(prompts[0], model.config.vocab_size)],
+                      DecodeOptions(64, args.gamma, rule="coupled"))
+    for w in [0] + widths:  # and one untimed run of each decoder
+        decode(model, warm, SAMPLERS["coupled-t1-k4"], drafter, args.gamma, 1 + w, w)
     t0 = time.time()
     res: dict = {"provenance": provenance(" ".join(["python", "benchmarks/tree_bar.py",
                                                     *sys.argv[1:]])),

@@ -198,18 +198,20 @@ def test_trees_count_their_rows(trained, drafter, prompts):  # noqa: F811
 
 
 def _sizer(row_cost: float, gains: list[float], plain_s: float, trial_s: float) -> TreeSizer:
-    """A sizer that saw 8 plain rounds and 16 trial rounds of one live row with 3 branches:
-    blocks cost 1 + row_cost per row, branch i added gains[i] tokens per round."""
+    """A sizer that timed one live row without branches and with 3, in turn: blocks cost
+    1 + row_cost per row, branch i added gains[i] tokens per round."""
     z = TreeSizer(lambda rows, block: 1.0 + row_cost * rows, cap=3)
-    for _ in range(8):
-        z.observe([[4]], 13, plain_s)
-    assert z.width == 3
-    for _ in range(16):
-        m, row = 4, [4]
-        for g in gains:
-            m += g
-            row.append(m)
-        z.observe([row], 13, trial_s)
+    for phase, n in enumerate(z.phases):
+        for _ in range(n):
+            assert z.width == (0 if phase % 2 == 0 else 3)
+            if phase % 2 == 0:
+                z.observe([[4]], 13, plain_s)
+                continue
+            m, row = 4, [4]
+            for g in gains:
+                m += g
+                row.append(m)
+            z.observe([row], 13, trial_s)
     return z
 
 
@@ -220,9 +222,10 @@ def test_the_sizer_keeps_the_branches_that_pay():
     assert _sizer(1.0, [0.2, 0.1, 0.1], 1.0, 2.5).width == 0
     # the first branch pays, the rest add nothing
     assert _sizer(0.05, [2, 0, 0], 1.0, 1.15).width == 1
-    # before its trials the sizer measures plain rounds, then tries the cap
+    # a round with branches while it times plain ones is not counted (they leave next step)
     z = TreeSizer(lambda rows, block: float(rows), cap=2)
-    assert z.width == 0
+    z.observe([[3, 4, 5]], 13, 1.0)
+    assert z.width == 0 and not z.trial_s
 
 
 def test_no_trees_without_a_drafter_that_scores_paths(trained, prompts):  # noqa: F811

@@ -98,7 +98,7 @@ def share_rows(spare: int, live: int) -> list[int]:
 
 
 
-MARGIN = 0.05
+MARGIN = 0.1
 """More branches are kept only when they promise this much more tokens per second than fewer:
 a few dozen timed rounds of a busy machine differ by about as much."""
 
@@ -107,8 +107,8 @@ a few dozen timed rounds of a busy machine differ by about as much."""
 class TreeSizer:
     """How many branch rows a live row keeps: as many as their measured gain pays for.
 
-    The first `plain` rounds run without branches and the next `trial` rounds with `cap` per
-    row, each timed. A round with branches also tells what fewer would have given: branches are
+    Its first rounds run without branches and with `cap` per row in turn (`phases`), each
+    timed. A round with branches also tells what fewer would have given: branches are
     planned best first, so the first i of them are what i rows would have verified, and the row
     would have kept 1 + max(m_own, m_1..m_i) tokens. The sizer then keeps the i with the most
     tokens per second: a round's time at i branches between the two measured ones, in the
@@ -117,13 +117,12 @@ class TreeSizer:
 
     costs: Callable[[int, int], float]  # seconds of a verification block: (rows, tokens)
     cap: int
-    plain: int = 8
-    trial: int = 16
+    phases: tuple[int, ...] = (4, 8, 4, 8)  # rounds without branches, with `cap`, without, ...
     gains: list[float] = field(default_factory=list)  # tokens branch i added, summed
     own: float = 0.0  # tokens the rows' own drafts gave, summed (the bonus token included)
     samples: int = 0  # row-rounds with branches counted
     plain_s: list[float] = field(default_factory=list)  # round times without branches
-    trial_s: list[float] = field(default_factory=list)  # round times with `cap` branches
+    trial_s: list[float] = field(default_factory=list)  # round times with branches
     decided: int | None = None  # the chosen width, once chosen
 
     def __post_init__(self) -> None:
@@ -131,20 +130,29 @@ class TreeSizer:
 
     @property
     def width(self) -> int:
-        """Branch rows per live row now: none, then the cap while measuring, then the choice."""
+        """Branch rows per live row now: while measuring, none and the cap in turn (so that a
+        drift of the machine's speed hits both), then the choice."""
         if self.decided is not None:
             return self.decided
-        return 0 if len(self.plain_s) < self.plain else self.cap
+        done = len(self.plain_s) + len(self.trial_s)
+        for i, n in enumerate(self.phases):
+            if done < n:
+                return 0 if i % 2 == 0 else self.cap
+            done -= n
+        return self.cap
 
     def observe(self, accepted: Sequence[Sequence[int]], block: int, round_s: float) -> None:
         """One round of `block` tokens that took `round_s` seconds: accepted[b] = [drafts the
         row's own chain kept, then each of its branches', in plan order]."""
         if self.decided is not None:
             return
+        want = self.width
         if all(len(m) == 1 for m in accepted):
-            if len(self.plain_s) < self.plain:
+            if want == 0:
                 self.plain_s.append(round_s)
             return
+        if want == 0:
+            return  # the branches leave at the next step
         for m in accepted:
             best = m[0]
             self.own += 1 + best
@@ -154,7 +162,7 @@ class TreeSizer:
                     best = mi
         self.samples += len(accepted)
         self.trial_s.append(round_s)
-        if len(self.trial_s) >= self.trial:
+        if len(self.plain_s) + len(self.trial_s) >= sum(self.phases):
             self.decided = self.choose([len(m) - 1 for m in accepted], block)
 
     def choose(self, branches: Sequence[int], block: int) -> int:
