@@ -134,6 +134,52 @@ def test_nim_generate_equals_generate_of_the_literal_prompt(server, model):
     assert reply["logits"] is None
 
 
+def test_nim_forward_returns_the_layers_a_forward_hook_sees(server, model):
+    """NIM's forward request: every asked layer's output at every position, in a base64 .npz
+    whose arrays are named `<layer>.output` as asked (Evo 2's names or EvSpark's), equal to
+    forward hooks on the model; bad layers and bases are 422, too much output 413."""
+    import base64
+    import io
+
+    import numpy as np
+    import torch
+
+    seq = PROMPTS["d"]
+    layers = ["blocks.1.mlp.l3", "block.3", "final"]
+    with http(server) as c:
+        r = c.post("/biology/arc/evo2/forward", json={"sequence": seq, "output_layers": layers})
+        assert r.status_code == 200, r.text
+        got = np.load(io.BytesIO(base64.b64decode(r.json()["data"])))
+        assert sorted(got.files) == sorted(f"{n}.output" for n in layers)
+        assert r.json()["elapsed_ms"] >= 0
+        bad = c.post("/biology/arc/evo2/forward",
+                     json={"sequence": seq, "output_layers": ["blocks.999"]})
+        assert bad.status_code == 422 and "blocks.999" in bad.json()["detail"]
+        assert c.post("/biology/arc/evo2/forward",
+                      json={"sequence": "ACGT!", "output_layers": ["final"]}).status_code == 422
+        huge = c.post("/biology/arc/evo2/forward",
+                      json={"sequence": "ACGT" * 60_000, "output_layers": layers * 1})
+        assert huge.status_code == 413, huge.text
+    ids = torch.tensor([list(seq.encode())])
+    modules = {"blocks.1.mlp.l3": "blocks.1.mlp.l3", "block.3": "blocks.3", "final": "norm"}
+    seen = {}
+    hooks = [model.get_submodule(m).register_forward_hook(  # where the model's pass has one
+        lambda _m, _i, out, name=n: seen.__setitem__(name, out.detach().clone()))
+             for n, m in modules.items() if m != "blocks.3"]
+    try:
+        _, acts = model.activations(ids, list(modules.values()))  # tests/test_embed.py
+    finally:
+        for h in hooks:
+            h.remove()
+    assert set(seen) == {"blocks.1.mlp.l3", "final"}
+    for name, module in modules.items():
+        out = got[f"{name}.output"]
+        assert out.shape == (1, len(seq), model.config.hidden_size)
+        np.testing.assert_allclose(out, acts[module].float().numpy(), rtol=1e-5, atol=1e-5)
+        if name in seen:
+            np.testing.assert_allclose(out, seen[name].float().numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_stream_sends_tokens_as_rounds_commit_them(server, model):
     body = {"records": [{"id": "d", "sequence": PROMPTS["d"]}], "samples": 2,
             "max_new_tokens": 50, "seed": 4, "stream": True}

@@ -11,7 +11,9 @@ decoding at the next round.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
+import io
 import json
 import threading
 import time
@@ -20,6 +22,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import torch
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -28,16 +32,20 @@ from ..decode.drafters.registry import drafter_name
 from ..decode.jobs import Outcome
 from ..decode.sampling import sampler_probs
 from ..errors import EvsparkError
+from ..eval.embed import embed_record, embed_spans, resolve_layer
 from ..generation.results import make_stats
 from ..model.tokenizer import detokenize
 from .engine import Busy, Engine, Ticket, TooLarge
 from .metrics import ServerMetrics
-from .requests import Generate, NimGenerate, output_json, token_times_ms
+from .requests import Generate, NimForward, NimGenerate, output_json, token_times_ms
 
 RETRY_AFTER_S = 2
 """What a 429 tells a client to wait before it tries again (seconds)."""
 MAX_BODY_BYTES = 64 << 20
 """The largest request body (a megabase prompt is ~1 MB of JSON; 64 MiB holds many)."""
+MAX_FORWARD_BYTES = 256 << 20
+"""The most layer outputs one forward request may ask for (positions x width x layers x 4
+bytes, before base64): a larger one is refused with 413 before any work."""
 MAX_HEADER_BYTES = 16 << 10
 """The largest request headers (the server's parser also caps a head that arrives in pieces)."""
 POLL_S = 0.25
@@ -127,6 +135,32 @@ def create_app(state: ServerState) -> FastAPI:
         else:
             reply["sampled_probs"], reply["logits"] = None, None
         return reply
+
+    @app.post("/biology/arc/evo2/forward", dependencies=[Depends(auth)])
+    async def nim_forward(body: NimForward) -> dict[str, Any]:
+        engine = _engine(state)
+        t0 = time.perf_counter()
+        model = engine.model
+        try:
+            ids = body.ids(model.config.vocab_size)
+            names = [n.strip() for n in dict.fromkeys(body.output_layers)]
+            modules = [resolve_layer(model, n) for n in names]
+        except EvsparkError as e:
+            engine.metrics.rejected.labels("invalid").inc()
+            raise HTTPException(422, e.render(lambda s: s)) from None
+        need = 4 * len(ids) * model.config.hidden_size * len(names)
+        if need > MAX_FORWARD_BYTES:
+            engine.metrics.rejected.labels("too_large").inc()
+            raise HTTPException(413, f"{len(names)} layer outputs of {len(ids):,} positions "
+                                     f"take {need / 2**20:,.0f} MiB, more than "
+                                     f"{MAX_FORWARD_BYTES >> 20} MiB; ask for fewer layers "
+                                     "or a shorter sequence")
+        window, context = embed_spans(model.config, None, None)
+        acts = await _between_rounds(engine, lambda: embed_record(
+            model, torch.tensor(ids), sorted(set(modules)), pool="none", window=window,
+            context=context))
+        arrays = {f"{n}.output": acts[m][None].numpy() for n, m in zip(names, modules)}
+        return {"data": npz_base64(arrays), "elapsed_ms": round((time.perf_counter() - t0) * 1000)}
 
     @app.post("/v1/generate", dependencies=[Depends(auth)])
     async def generate(body: Generate, request: Request) -> Any:
@@ -249,30 +283,46 @@ def _error_text(error: Exception | None) -> str:
     return f"internal error: {type(error).__name__}: {first_line_of(error)}"
 
 
+async def _between_rounds(engine: Engine, fn: Callable[[], Any]) -> Any:
+    """What `fn` returns, run on the decoder thread between two rounds (it owns the model); its
+    error is this request's, never the loop's."""
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future = loop.create_future()
+
+    def run() -> None:
+        try:
+            with torch.inference_mode():
+                value = fn()
+            loop.call_soon_threadsafe(got.set_result, value)
+        except Exception as e:  # noqa: BLE001 - reported to the request, not the loop
+            loop.call_soon_threadsafe(got.set_exception, e)
+
+    engine.call_between_rounds(run)
+    return await got
+
+
 async def _token_probs(engine: Engine, ticket: Ticket, o: Outcome
                        ) -> tuple[list[float], list[list[float]]]:
     """Each generated token's probability under the sampler's distribution and the model's
     logits there, from one forward pass over prompt + tokens (run between rounds)."""
-    import torch
-
     assert o.result is not None
-    loop = asyncio.get_running_loop()
-    got: asyncio.Future = loop.create_future()
     prompt, tokens = list(o.job.prompt), o.result.tokens
 
-    def forward() -> None:
-        try:
-            with torch.inference_mode():
-                ids = torch.tensor([prompt + tokens], device=engine.model.device)
-                logits = engine.model(ids)[0, len(prompt) - 1: -1].float()
-                p = sampler_probs(logits, ticket.options.sampler)
-                picked = p[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
-                loop.call_soon_threadsafe(got.set_result, (picked, logits.cpu().tolist()))
-        except Exception as e:  # noqa: BLE001 - reported to the request, not the loop
-            loop.call_soon_threadsafe(got.set_exception, e)
+    def forward() -> tuple[list[float], list[list[float]]]:
+        ids = torch.tensor([prompt + tokens], device=engine.model.device)
+        logits = engine.model(ids)[0, len(prompt) - 1: -1].float()
+        p = sampler_probs(logits, ticket.options.sampler)
+        picked = p[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+        return picked, logits.cpu().tolist()
 
-    engine.call_between_rounds(forward)
-    return await got
+    return await _between_rounds(engine, forward)
+
+
+def npz_base64(arrays: dict[str, Any]) -> str:
+    """Arrays as one NumPy .npz archive, base64-encoded (NIM's forward `data`)."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 # ---------------------------------------------------------------------- auth and limits

@@ -54,6 +54,23 @@ class NimGenerate(BaseModel):
                       record_key(LITERAL_ID))
 
 
+MAX_OUTPUT_LAYERS = 64
+"""The most layers one forward request may ask for."""
+
+
+class NimForward(BaseModel):
+    """NIM's Evo 2 forward request: a sequence and the layers whose outputs to return (unknown
+    fields ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    sequence: str = Field(min_length=1)
+    output_layers: list[str] = Field(min_length=1, max_length=MAX_OUTPUT_LAYERS)
+
+    def ids(self, vocab: int) -> list[int]:
+        """The sequence's tokens, checked as `evspark generate --prompt` checks a prompt."""
+        return prompt_ids(self.sequence, vocab, "sequence")
+
+
 class RecordIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str = Field(min_length=1, max_length=MAX_RECORD_ID)
