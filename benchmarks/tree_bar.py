@@ -16,7 +16,13 @@ prompts), one process, on whatever threads torch has.
 The measured block-cost tables the decoder's tree sizer reads are made (or read from the cache)
 and each decoder runs once before anything is timed.
 
-2. **A batch's tail.** Records x samples x tokens at the default batch, coupled: one chain
+2. **Steady state.** On the first `--steady-prompts` prompts, coupled, every width 0..max cap
+   held fixed for the whole job (no timed trials): milliseconds per round, tau and tokens/s,
+   what the sizer weighs.
+3. **The planner's path scale**, on held-out genomes (`shared/data/valid`, prompts cut at
+   1,000 and 3,200 bases): tau and branch wins per round at fixed widths 1 and 3 for each scale
+   of `--scales` (`decode/drafters/dspark.py`'s PATH_SCALE), coupled.
+4. **A batch's tail.** Records x samples x tokens at the default batch, coupled: one chain
    against `--tree-rows` (branches take the rows that finished jobs leave), tokens/s and jobs
    that differ from native.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,6 +44,8 @@ from evspark_cli.decode.batch import BatchDecoder  # noqa: E402
 from evspark_cli.decode.drafters.registry import bundled_drafter_dir, resolve_drafter  # noqa: E402
 from evspark_cli.decode.sampling import SamplerConfig  # noqa: E402
 from evspark_cli.decode.schedule import block_costs  # noqa: E402
+from evspark_cli.decode.tree import TreeSizer  # noqa: E402
+import evspark_cli.decode.drafters.dspark as dspark  # noqa: E402
 from evspark_cli.eval.bench import default_prompts  # noqa: E402
 from evspark_cli.eval.provenance import provenance  # noqa: E402
 from evspark_cli.generation.jobs import Record, build_jobs  # noqa: E402
@@ -48,10 +57,14 @@ SAMPLERS = {"greedy": SamplerConfig(1.0, 1, 1.0),
             "coupled-t1-k4": SamplerConfig(1.0, 4, 1.0, "coupled")}
 
 
-def decode(model, jobs, sampler, drafter, gamma, batch, tree_rows=0):
-    """Results by job index, the wall time of the whole run, and the decoder's settled width."""
+def decode(model, jobs, sampler, drafter, gamma, batch, tree_rows=0, fixed=False):
+    """Results by job index, the wall time of the whole run, and the decoder's settled width
+    (`fixed`: `tree_rows` branches from the first round on, never timed or changed)."""
     dec = BatchDecoder(model, sampler, drafter, gamma if drafter is not None else 0,
                        batch_size=batch, tree_rows=tree_rows)
+    if fixed and tree_rows:
+        dec.sizer = TreeSizer(block_costs(model, batch, gamma + 1), tree_rows,
+                              decided=tree_rows)
     t0 = time.perf_counter()
     out = {}
     for o in dec.run(jobs):
@@ -113,6 +126,75 @@ def single_stream(model, prompts, drafter, args, log) -> dict:
     return out
 
 
+def steady(model, prompts, drafter, args, log) -> dict:
+    """Coupled, each width held fixed: time per round, tau, tokens/s (jobs interleaved)."""
+    sampler = SAMPLERS["coupled-t1-k4"]
+    opts = DecodeOptions(args.steady_tokens, args.gamma, rule="coupled")
+    jobs = build_jobs([Record.of(p, model.config.vocab_size)
+                       for p in prompts[: args.steady_prompts]], opts)
+    widths = range(max(int(w) for w in args.tree_rows.split(",")) + 1)
+    secs = {w: 0.0 for w in widths}
+    got: dict[int, dict] = {w: {} for w in widths}
+    for job in jobs:
+        for w in widths:
+            res, dt, _ = decode(model, [job], sampler, drafter, args.gamma, 1 + w, w, fixed=True)
+            got[w].update(res)
+            secs[w] += dt
+    out = {}
+    for w in widths:
+        t = tally(got[w])
+        rounds = sum(r.rounds for r in got[w].values())
+        out[f"width={w}"] = {"ms_per_round": round(1000 * secs[w] / rounds, 3),
+                             "tokens_per_s": round(t["tokens"] / secs[w], 1), **t}
+        log(f"steady width={w}: {out[f'width={w}']}")
+    return out
+
+
+def held_out_prompts(n: int) -> list:
+    """Prompts cut from the held-out genomes at 1,000 and 3,200 bases (1,500 bases each)."""
+    import gzip
+
+    from Bio import SeqIO
+
+    from evspark_cli.io.types import Prompt
+
+    folder = Path(os.environ.get("EVSPARK_SHARED") or ROOT.parent / "shared") / "data" / "valid"
+    out = []
+    for f in sorted(folder.glob("*.fa*")):
+        with (gzip.open if f.suffix == ".gz" else open)(f, "rt") as h:
+            seq = str(next(SeqIO.parse(h, "fasta")).seq).upper()
+        for a in (1000, 3200):
+            if len(seq) >= a + 1500:
+                out.append(Prompt(f"{f.stem}:{a}", "", seq[a: a + 1500], str(f)))
+    return out[:n]
+
+
+def scales(model, drafter, args, log) -> dict:
+    """Tau and branch wins per round at fixed widths 1 and 3 for each path scale."""
+    prompts = held_out_prompts(8)
+    if not prompts:
+        return {"skipped": "no shared/data/valid genomes beside the repository"}
+    sampler = SAMPLERS["coupled-t1-k4"]
+    opts = DecodeOptions(args.steady_tokens // 2, args.gamma, rule="coupled")
+    jobs = build_jobs([Record.of(p, model.config.vocab_size) for p in prompts], opts)
+    out: dict = {"prompts": len(prompts)}
+    kept = dspark.PATH_SCALE
+    try:
+        for scale in (float(x) for x in args.scales.split(",")):
+            dspark.PATH_SCALE = scale
+            for w in (0, 1, 3) if scale == float(args.scales.split(",")[0]) else (1, 3):
+                res: dict = {}
+                for job in jobs:
+                    res.update(decode(model, [job], sampler, drafter, args.gamma, 1 + w, w,
+                                      fixed=True)[0])
+                key = "width=0" if w == 0 else f"scale={scale}/width={w}"
+                out[key] = tally(res)
+                log(f"held-out {key}: {out[key]}")
+    finally:
+        dspark.PATH_SCALE = kept
+    return out
+
+
 def batched(model, prompts, drafter, args, log) -> dict:
     sampler = SAMPLERS["coupled-t1-k4"]
     opts = DecodeOptions(args.batch_tokens, args.gamma, sampler.temperature, sampler.top_k,
@@ -139,6 +221,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--gamma", type=int, default=12)
     ap.add_argument("--tree-rows", default="1,2,4", help="the caps tried (comma-separated)")
+    ap.add_argument("--steady-prompts", type=int, default=6)
+    ap.add_argument("--steady-tokens", type=int, default=512)
+    ap.add_argument("--scales", default="0.05,0.1,0.2,0.3,1.0,3.0")
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--batch-records", type=int, default=16)
     ap.add_argument("--batch-samples", type=int, default=8)
@@ -154,7 +239,7 @@ def main() -> None:
         print(msg, file=sys.stderr, flush=True)
 
     widths = [int(w) for w in args.tree_rows.split(",")]
-    for rows in {1 + w for w in widths} | {args.batch_size}:  # the measured block costs, cached
+    for rows in set(range(1, max(widths) + 2)) | {4, args.batch_size}:  # block costs, cached
         block_costs(model, rows, args.gamma + 1)  # before any timing (a first run times them)
     warm = build_jobs([Record.of(prompts[0], model.config.vocab_size)],
                       DecodeOptions(64, args.gamma, rule="coupled"))
@@ -166,6 +251,8 @@ def main() -> None:
                  "config": {**vars(args), "prompts": len(prompts),
                             "threads": torch.get_num_threads()}}
     res["single_stream"] = single_stream(model, prompts, drafter, args, log)
+    res["steady"] = steady(model, prompts, drafter, args, log)
+    res["path_scales"] = scales(model, drafter, args, log)
     res["batched"] = batched(model, prompts, drafter, args, log)
     res["wall_s"] = round(time.time() - t0, 1)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")

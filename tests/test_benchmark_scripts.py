@@ -32,6 +32,7 @@ SMOKE = {
     "coupled_bar": ["--prompts-n", "2", "--tokens", "8", "--seeds", "0", "--batch-records", "1",
                     "--batch-samples", "2", "--batch-tokens", "8"],
     "tree_bar": ["--prompts-n", "2", "--tokens", "16", "--tree-rows", "1,2",
+                 "--steady-prompts", "1", "--steady-tokens", "16", "--scales", "0.2",
                  "--batch-records", "2", "--batch-samples", "2", "--batch-tokens", "16"],
     "memory_check": ["--cases", "2k-64x", "--threads", "1", "--tolerance", "10"],
     "mixed_profile": ["--records", "2", "--samples", "1", "--tokens", "4", "--lengths", "64,128",
