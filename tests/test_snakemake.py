@@ -28,7 +28,7 @@ EVSPARK_CMD = f"{sys.executable} -m evspark_cli.cli"
 STATS_HEADER = ("record_id\tsample\tprompt_len\tnew_tokens\tmode\tdrafter\tgamma\trounds\ttau\t"
                 "acceptance_rate\twall_s\ttokens_per_s\tnative_wall_s\tnative_tokens_per_s\tspeedup\t"
                 "rule\tverified_positions\tefficiency\tdecode_s\tprefill_s\tbatch\tinput_id\t"
-                "region\tseed\tjob")
+                "region\tseed\tjob\tbranch_rows\tbranch_wins")
 
 RECORDS = {
     "chrA": "ATGAAACGCATTAGCACCACCATTACCACCACCATCACCATTACCACAGGTAACGGTGCGG",
