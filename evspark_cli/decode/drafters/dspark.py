@@ -37,7 +37,7 @@ PATH_SCALE = 0.2
 """The score gap (logit units) at which the tree planner takes the drafter's second letter to
 be e times less likely than its first to be the target's token (decode/tree.py): the drafter's
 error in its logits, which its perturbed scores (coupled) inherit. Measured on held-out genomes
-(branches won the most rounds at 0.15-0.25 of 0.03-3; docs/performance.md)."""
+(0.1-0.3 gave the longest accepted runs of 0.05-3; docs/performance.md)."""
 
 
 @dataclass
