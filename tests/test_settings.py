@@ -55,6 +55,8 @@ from evspark_cli.train.pretrain import RunOptions, load_train_config  # noqa: E4
     ({"seed": 1.5}, "seed must be an integer, got 1.5"),
     ({"rollback": "undo"}, "rollback must be slice or replay, got 'undo'"),
     ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+    ({"tree_rows": -1, "rule": "coupled"}, "tree_rows must be >= 0, got -1"),
+    ({"tree_rows": 2.5, "rule": "coupled"}, "tree_rows must be an integer, got 2.5"),
     ({"samples": 10 ** 9},
      "samples must be <= 1,000,000 (continuations of one record), got 1000000000"),
     ({"max_new_tokens": 10 ** 12},
@@ -172,6 +174,13 @@ BAD_INPUT_CASES: list[Case] = [
     Case("-n 10^12", gen("-n", 10 ** 12), 2,
          r"^evspark: error: --max-new-tokens must be <= 1,000,000,000 \(no model's context is "
          r"that long\), got 1000000000000$"),
+    Case("--tree-rows -1", gen("--tree-rows", -1, "--rule", "coupled"), 2,
+         r"^evspark: error: --tree-rows must be >= 0, got -1$"),
+    Case("--tree-rows 10^9", gen("--tree-rows", 10 ** 9, "--rule", "coupled"), 2,
+         r"^evspark: error: --tree-rows must be <= 64 \(branch rows of one job\), got "
+         r"1000000000$"),
+    Case("--tree-rows with residual sampling", gen("--tree-rows", 2), 2,
+         r"^evspark: error: --tree-rows needs greedy decoding or --rule coupled"),
     Case("--shard 3/2", gen("--shard", "3/2"), 2, r"--shard 3/2: need 1 <= I <= N"),
     Case("--shard malformed", gen("--shard", "half"), 2, r"--shard must look like I/N"),
     Case("--prompt-tail 0", gen("--prompt-tail", 0), 2, r"--prompt-tail must be an integer >= 1"),
@@ -302,6 +311,11 @@ def test_generate_sizes_are_bounded(phix_model, tmp_path, normal_peak):
                    [*base, "--drafter", "kmer", "--top-k", 1, "--draft-length", "confidence",
                     "--gamma", 10 ** 9, "-b", 10 ** 9], tmp_path, normal_peak,
                    result="works: the schedule is sized by the drafts a round can use (3)",
+                   MODEL=phix_model)
+    assert "3 sequences written" in err, err
+    err = in_child("generate -b 10^9 --tree-rows 64 --rule coupled",
+                   [*base, "--rule", "coupled", "--tree-rows", 64, "-b", 10 ** 9], tmp_path,
+                   normal_peak, result="works: 3 sequences and their branch rows in one batch",
                    MODEL=phix_model)
     assert "3 sequences written" in err, err
 

@@ -32,8 +32,10 @@ def default_batch_size(device: torch.device) -> int:
 MAX_SAMPLES = 1_000_000
 """The most continuations of one record: a million sequences take days to decode already, and a
 larger count is a typo whose jobs alone would fill the memory."""
-MAX_TREE_ROWS = 1024
-"""The most branch rows one job may take (rows beyond a batch's free ones are never taken)."""
+MAX_TREE_ROWS = 64
+"""The most branch rows one job may take: more than the useful alternatives of a round (3
+other letters at each of at most 16 draft slots, then branches of branches) and more than a
+batch's free rows on a CPU."""
 MAX_NEW_TOKENS = 10 ** 9
 """The most new tokens per sequence before a model is known (no model's context is longer);
 the model's own context bounds it further (`check_context`)."""
