@@ -99,7 +99,9 @@ def test_concurrent_requests_equal_local_runs(server, model):
              dict(prompts={"a": PROMPTS["a"]}, samples=2, max_new_tokens=25, seed=1,
                   drafter="kmer"),
              dict(prompts={"c": PROMPTS["c"]}, samples=2, max_new_tokens=30, seed=2,
-                  drafter="none", top_k=1)]
+                  drafter="none", top_k=1),
+             dict(prompts={"b": PROMPTS["b"]}, samples=1, max_new_tokens=90, seed=3,
+                  rule="coupled", tree_rows=2)]
     with Client(server, api_key=KEY) as client, ThreadPoolExecutor(len(cases)) as pool:
         served = list(pool.map(lambda c: client.generate_many(**c), cases))
     for case, got in zip(cases, served):
