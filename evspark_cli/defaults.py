@@ -23,3 +23,7 @@ DEVICE = "auto"
 
 EMBED_SPAN = 8192
 """`evspark embed`: positions per pass, and the bases each pass starts earlier (eval/embed.py)."""
+
+PROMPT_CACHE_MB = 512
+"""`evspark serve --prompt-cache-mb`: memory for prefilled prompts kept for requests that send
+the same prompt again (serve/engine.py)."""

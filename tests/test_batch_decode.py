@@ -23,6 +23,7 @@ from evspark_cli.decode.drafters.identity import IdentityDrafter
 from evspark_cli.decode.drafters.kmer import KmerDrafter
 from evspark_cli.decode.jobs import Job
 from evspark_cli.decode.native import decode_native
+from evspark_cli.decode.prefill import PromptCache, prefill_prompt
 from evspark_cli.decode.sampling import SamplerConfig
 from evspark_cli.errors import RunError
 
@@ -148,3 +149,39 @@ def test_a_failing_row_ends_its_own_job_only(trained, prompts, monkeypatch):  # 
         else:
             assert o.error is None and o.result is not None
             assert o.result.tokens == healthy[j.index].tokens
+
+
+def test_a_prompt_cache_changes_no_token_and_prefills_a_prompt_once(trained, prompts):  # noqa: F811
+    """Records that repeat a prompt (a server's requests, one sample each) take its prefill
+    from the cache across records and decoders, and decode exactly as fresh prefills do."""
+    sampler = SamplerConfig(1.0, 4, 1.0)
+    jobs = [Job(i, tuple(prompts[i % 2 + 2]), 20, RngKey(3, 50 + i, 0), f"r{i}")
+            for i in range(6)]
+    fresh = run_all(trained, jobs, sampler, KmerDrafter(4), 5, 2)
+    cache = PromptCache(64 << 20)
+    first = run_all(trained, jobs[:3], sampler, KmerDrafter(4), 5, 2, prompt_cache=cache)
+    rest = run_all(trained, jobs[3:], sampler, KmerDrafter(4), 5, 2, prompt_cache=cache)
+    got = {**first, **rest}
+    assert {i: r.tokens for i, r in got.items()} == {i: r.tokens for i, r in fresh.items()}
+    assert (cache.misses, cache.hits, len(cache)) == (2, 4, 2)
+    assert sum(r.prefill_s > 0 for r in got.values()) == 2
+
+
+def test_the_prompt_cache_keeps_what_fits_least_recently_used_out(trained, prompts):  # noqa: F811
+    pres = [prefill_prompt(trained, prompts[i], reserve=64) for i in (2, 3, 4)]
+    sizes = [p.nbytes() for p in pres]
+    assert min(sizes) > 0
+    cache = PromptCache(sum(sizes) - 1)  # not all three: one has to go
+    for i, p in enumerate(pres[:2]):
+        cache.put((tuple(prompts[i + 2]), 64, 0), p)
+    assert cache.get((tuple(prompts[2]), 64, 0)) is pres[0]  # now the most recently used
+    assert cache.get((tuple(prompts[2]), 65, 0)) is None  # another reserve: another state
+    cache.put((tuple(prompts[4]), 64, 0), pres[2])
+    assert cache.get((tuple(prompts[3]), 64, 0)) is None  # the least recently used went
+    assert cache.get((tuple(prompts[2]), 64, 0)) is pres[0]
+    assert cache.bytes <= cache.max_bytes
+    tiny = PromptCache(sizes[1] - 1)
+    tiny.put((tuple(prompts[3]), 64, 0), pres[1])  # larger than the whole budget: not kept
+    assert len(tiny) == 0 and tiny.bytes == 0
+    with pytest.raises(ValueError):
+        PromptCache(-1)

@@ -191,6 +191,40 @@ def test_rows_swapped_in_and_out(models, name):
         close(got[i][1], ref3[i][0], what=f"kept row step {i}", scaled=True)
 
 
+@pytest.mark.parametrize("name", ["stripe", "mixed"])
+@torch.no_grad()
+def test_rows_appended_to_a_running_batch(models, name):
+    """A server's new request joins a running batch (append): its rows are added after the
+    batch's, which are not copied, and every row continues exactly as it would alone; the
+    forked rows of a prompt and a prompt of another size class included."""
+    model = models[name]
+    seqs = [_tokens(b, 1300) for b in range(4)]
+    lens = (7, 21, 12, 1100)
+    pre = [model.prefill(s[:, :n], reserve=4)[2] for s, n in zip(seqs, lens)]
+    firsts = [int(s[0, n]) for s, n in zip(seqs, lens)]
+    st = InferenceState.cat([pre[0], pre[1]])
+    ids = torch.tensor(firsts[:2])[:, None]
+    for _ in range(3):
+        lg, _, blk = model.extend(st, ids)
+        st = blk.commit(1)
+        ids = lg[:, -1:].argmax(-1)
+    grown = st.append([(pre[2], [0, 0]), (pre[3], [0])])
+    assert grown.lengths == (lens[0] + 3, lens[1] + 3, lens[2], lens[2], lens[3])
+    # a shelf with a free slot takes a new row where it is: the running rows are not copied
+    shrunk = grown.clone().remove(3)
+    before = [[sh.k for sh in c.shelves] for c in shrunk.caches()]
+    again = shrunk.append([(pre[2], [0])])
+    assert again.lengths == shrunk.lengths + (lens[2],)
+    for c, ks in zip(again.caches(), before):
+        now = [sh.k for sh in c.shelves]
+        assert len(now) == len(ks) and all(a is b for a, b in zip(now, ks))
+    got = _decode(model, grown, ids[:, 0].tolist() + [firsts[2]] * 2 + [firsts[3]], 4)
+    ref = {b: _decode(model, pre[b].clone(), [firsts[b]], 7 if b < 2 else 4) for b in range(4)}
+    for i in range(4):
+        for row, (b, at) in enumerate(((0, 3), (1, 3), (2, 0), (2, 0), (3, 0))):
+            close(got[i][row], ref[b][at + i][0], what=f"row {row} step {i}", scaled=True)
+
+
 @torch.no_grad()
 def test_commit_takes_an_int_or_one_length_per_row(models):
     model = models["stripe"]

@@ -119,6 +119,27 @@ def test_one_prompt_equals_generate(server, model):
     assert got.stats["sample"] == 2
 
 
+def _metric(url: str, name: str) -> float:
+    with http(url) as c:
+        text = c.get("/metrics").text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith(name + " ")))
+
+
+def test_a_prompt_sent_again_is_prefilled_once(server, model):
+    """One sample per request, one request after another (a pipeline's shards): the second
+    and third take the first one's prefill from the prompt cache, and each equals the local
+    run of its sample."""
+    prompt = PROMPTS["d"] + "GATTACA"  # no other test sends it: its first request misses
+    hits = _metric(server, "evspark_prompt_cache_hits_total")
+    with Client(server, api_key=KEY) as client:
+        got = [client.generate(prompt, 21, sample=s, seed=4) for s in range(3)]
+    assert _metric(server, "evspark_prompt_cache_hits_total") - hits == 2
+    assert _metric(server, "evspark_prompt_cache_entries") >= 1
+    for s, g in enumerate(got):
+        assert g.tokens == evs.generate(model, prompt, 21, sample=s, seed=4).tokens
+
+
 def test_nim_generate_equals_generate_of_the_literal_prompt(server, model):
     """NIM's request (its defaults: temperature 0.7, top_k 3, top_p 0 = off) answers what
     `evspark generate --prompt SEQ` writes for the same seed."""
@@ -323,6 +344,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(tmp_path):
     (["--max-queue", "0"], "--max-queue must be >= 1"),
     (["--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key"),
     (["--drain-seconds", "-1"], "--drain-seconds must be >= 0"),
+    (["--prompt-cache-mb", "-1"], "--prompt-cache-mb must be >= 0"),
 ])
 def test_bad_settings_are_one_line_errors(args, message):
     r = subprocess.run([sys.executable, "-m", "evspark_cli.cli", "serve", *args],

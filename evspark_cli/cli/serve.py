@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..defaults import PROMPT_CACHE_MB
 from .app import command
 from .common import out_line, use_threads
 from .generate_options import DrafterOpt, ForceDrafterOpt
@@ -44,6 +45,12 @@ def serve(
     max_queue: int = option(256, "--max-queue", panel=SERVER_PANEL, help="Sequences that may "
                             "wait for a row; past it a request is refused with 429 and "
                             "Retry-After, and one asking for more is refused with 413."),
+    prompt_cache_mb: int = option(PROMPT_CACHE_MB, "--prompt-cache-mb",
+                                  panel=SERVER_PANEL, help="Memory (MiB) for prefilled prompts "
+                                  "kept for requests that send the same prompt again (another "
+                                  "sample, another shard): each is prefilled once while it "
+                                  "stays (least recently used out first; 0: none). Outputs do "
+                                  "not change."),
     api_key_file: Optional[str] = option(None, "--api-key-file", panel=SERVER_PANEL,
                                          help="File whose first line is the API key: every "
                                          "request must send `Authorization: Bearer KEY` (401 "
@@ -70,7 +77,7 @@ def serve(
         raise SettingError("{0} must be critical, error, warning, info or debug, got "
                            f"{log_level!r}", "log_level")
     settings = ServeSettings(model_dir, drafter, batch_size, max_queue, device, dtype,
-                             max_memory, force_drafter)
+                             max_memory, force_drafter, prompt_cache_mb)
     key = read_api_key(api_key_file)
     check_port(host, port)
     use_threads(threads)

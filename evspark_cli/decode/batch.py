@@ -34,7 +34,7 @@ from ..model.state import InferenceState
 from .acceptance import accepted_matches, decide_rows
 from .drafters.base import DraftContext, Drafter, DraftRows, Proposal
 from .jobs import DecodeResult, Job, Outcome, RoundReport, largest_draft, row_reserve
-from .prefill import Prefilled, prefill_prompt
+from .prefill import Prefilled, PromptCache, prefill_prompt
 from .sampling import Purpose, SamplerConfig, coupled_draw, sample_from_probs, sampler_probs
 from .schedule import DraftSchedule, block_costs
 from .tree import TreeSizer, share_rows
@@ -82,7 +82,7 @@ class BatchDecoder:
                  on_round: Callable[[RoundReport], None] | None = None,
                  capacity: int | None = None, adaptive: bool = False,
                  on_prefill: Callable[[Job, int, int], None] | None = None,
-                 tree_rows: int = 0) -> None:
+                 tree_rows: int = 0, prompt_cache: PromptCache | None = None) -> None:
         """`capacity`: KV positions to reserve per row when the first batch is built (the run's
         longest prompt + new tokens + a block), so the caches never grow mid-run: the dense
         layout (kvcache.py) that recorded graphs replay and a GPU prefers, taken on a GPU or
@@ -94,7 +94,9 @@ class BatchDecoder:
         told between its chunks, for the displays that would otherwise stall for minutes on a
         long prompt. `tree_rows`: the most branch rows (`tree.py`) one live row may take while
         the batch has free rows and nothing is queued (0: none); greedy and coupled only, with
-        the slicing rollback and a drafter that scores its paths."""
+        the slicing rollback and a drafter that scores its paths. `prompt_cache`: prefilled
+        prompts kept across records and decoders (a server's requests that repeat a prompt);
+        by default only a record's samples share its prefill."""
         if rollback not in ROLLBACKS:
             raise InputError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
         if batch_size < 1:
@@ -125,6 +127,7 @@ class BatchDecoder:
         self.rows: list[_Row] = []
         self.draft: DraftRows | None = None
         self._shared: tuple[int, Prefilled] | None = None  # the last record's prefill
+        self.prompt_cache = prompt_cache
         self._finished: list[int] = []  # slots of rows whose outcome the last step gave back:
         #                                 they leave at the next step, so a caller sees the
         #                                 batch as that round left it
@@ -482,11 +485,17 @@ class BatchDecoder:
         if self.capacity is not None:  # dense: every row at the run's capacity, so that a new
             # batch's rows lie in one tensor as they are copied (no second copy to widen them)
             reserve = max(reserve, self.capacity - (len(job.prompt) - 1))
+        key = (job.prompt, reserve, self.prefix)
+        if self.prompt_cache is not None and (kept := self.prompt_cache.get(key)) is not None:
+            self._shared = ((job.rng.record, job.prompt), kept)
+            return Prefilled(kept.state, kept.anchor, kept.hidden, 0.0)
         hook = self.on_prefill
         tell = (lambda done, total: hook(job, done, total)) if hook is not None else None
         pre = prefill_prompt(self.model, job.prompt, reserve=reserve, keep_hidden=self.prefix,
                              progress=tell)
         self._shared = ((job.rng.record, job.prompt), pre)
+        if self.prompt_cache is not None:
+            self.prompt_cache.put(key, pre)
         return pre
 
     def _join(self, joins: list[tuple[Sequence[int], list[Job], Prefilled, float]]) -> None:
@@ -506,8 +515,9 @@ class BatchDecoder:
         new_draft = self.drafter.rows(contexts) if self.drafter is not None else None
         if self.state is None or slots[0] >= len(self.rows):  # a new batch, or rows added
             assert slots == list(range(len(self.rows), len(self.rows) + len(rows)))
-            kept = [(self.state, range(self.state.batch))] if self.state is not None else []
-            self.state = InferenceState.gather(kept + parts)  # one copy of every row
+            # a new batch: one copy of every row; rows added: theirs only
+            self.state = (InferenceState.gather(parts) if self.state is None
+                          else self.state.append(parts))
             self.rows += rows
             if self.draft is None:
                 self.draft = new_draft

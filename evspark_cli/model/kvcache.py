@@ -350,6 +350,19 @@ class KVCache:
                 c._append(cache, b, n, None)
         return c
 
+    def append(self, parts: Sequence[tuple["KVCache", Sequence[int], Lengths]]) -> "KVCache":
+        """The given rows of each (cache, rows, their lengths) added after this class-layout
+        cache's rows, in place (repeats fork a row): the rows already here are not copied
+        (shelves grow by doubling), so a row joining a running batch costs its own copy. Every
+        earlier state of this cache keeps its rows; returns the cache itself."""
+        assert not self.dense, "a dense cache's rows are its batch: cat() a new one"
+        first = self.batch
+        for cache, rows, lengths in parts:
+            for b, n in zip(rows, lengths):
+                self._append(cache, b, n, None)
+        self.note_write((NOT_WRITTEN,) * first + (0,) * (self.batch - first))
+        return self
+
     def _presize(self, needs: Sequence[int]) -> None:
         """Empty shelves with room for rows of these needs (a new batch's rows, before they
         are copied in)."""

@@ -18,21 +18,21 @@ A state is a batch of B independent rows (sequences). Rows may sit at different 
 drafts. ``commit(j)`` takes one j for all rows or one per row; FIR windows and modal states then
 take each row's own slice, and the KV cache keeps a length per row (attention masks the rows a
 row has not written). Rows are added to and removed from a live batch with ``select``, ``cat``,
-``place`` and ``remove`` (the batched decoder's continuous batching); each is a method of every
-layer-state class, so the model and the graph runner never switch on state types.
+``append``, ``place`` and ``remove`` (the batched decoder's continuous batching); each is a
+method of every layer-state class, so the model and the graph runner never switch on state types.
 
 States are immutable values, except the KV cache rows past a row's length, which are scratch
 space shared by a state and the blocks extended from it. A block is therefore valid until the
-next ``extend`` that writes to the same cache; committing a stale block raises. ``place`` and
-``remove`` reuse the batch's KV caches in place: the state they are called on is stale after
-them. ``clone()`` gives an independent deep copy (the snapshot-and-replay baseline). Where a
-cache keeps its rows (each row in a shelf of its size class, or one dense tensor for recorded
-graphs) is `kvcache.py`'s concern; the protocol above is the same for both.
+next ``extend`` that writes to the same cache; committing a stale block raises. ``append``,
+``place`` and ``remove`` reuse the batch's KV caches in place: the state they are called on is
+stale after them. ``clone()`` gives an independent deep copy (the snapshot-and-replay
+baseline). Where a cache keeps its rows (each row in a shelf of its size class, or one dense
+tensor for recorded graphs) is `kvcache.py`'s concern; the protocol above is the same for both.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Protocol, Sequence, Union
+from typing import Any, Iterator, Protocol, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -342,6 +342,14 @@ class KVState:
         cache = self.cache.remove(row, self.lengths)
         return KVState(cache, tuple(lengths), cache.version)
 
+    def append(self, parts: Sequence[tuple["KVState", Sequence[int]]]) -> "KVState":
+        chosen = [(p.cache, rows, tuple(p.lengths[r] for r in rows)) for p, rows in parts]
+        lengths = self.lengths + tuple(n for _, _, ns in chosen for n in ns)
+        if self.cache.dense:  # one tensor in batch order: a new one
+            return KVState.cat([(self, range(len(self.lengths))), *parts])
+        cache = self.cache.append(chosen)
+        return KVState(cache, lengths, cache.version)
+
     @staticmethod
     def cat(parts: Sequence[tuple["KVState", Sequence[int]]]) -> "KVState":
         chosen = [(p.cache, rows, tuple(p.lengths[r] for r in rows)) for p, rows in parts]
@@ -430,6 +438,10 @@ class HyenaState:
     def remove(self, row: int) -> "HyenaState":
         return HyenaState(self.feat.remove(row), self.inner.remove(row))
 
+    def append(self, parts: Sequence[tuple["HyenaState", Sequence[int]]]) -> "HyenaState":
+        """Windows and modal states are a few numbers per row: one new tensor each."""
+        return HyenaState.cat([(self, range(self.feat.buf.shape[0])), *parts])
+
     @staticmethod
     def cat(parts: Sequence[tuple["HyenaState", Sequence[int]]]) -> "HyenaState":
         inner = type(parts[0][0].inner).cat(  # type: ignore[arg-type]
@@ -460,6 +472,7 @@ class LayerState(Protocol):
     def place(self, slots: Sequence[int], other, rows: Sequence[int] | None = None
               ) -> "LayerState": ...
     def remove(self, row: int) -> "LayerState": ...
+    def append(self, parts: Sequence[tuple[Any, Sequence[int]]]) -> "LayerState": ...
     def kv_bytes_per_token(self) -> int: ...
     def caches(self) -> list[KVCache]: ...
     def pending_from(self, it: Iterator[Tensor], t0: Lengths) -> "LayerPending": ...
@@ -551,6 +564,17 @@ class InferenceState:
         if row < len(lengths):
             lengths[row] = last
         return InferenceState(tuple(s.remove(row) for s in self.layers), tuple(lengths))
+
+    def append(self, parts: Sequence[tuple["InferenceState", Sequence[int]]]
+               ) -> "InferenceState":
+        """This batch with the given rows of each state added after its rows (repeats fork a
+        row): `gather` with this batch first, except that KV caches grow in place, so a row
+        joining a running batch (a server's new request) copies itself, not the batch. This
+        state's KV caches are shared with the result: use the result from here on."""
+        layers = tuple(s.append([(p.layers[i], rows) for p, rows in parts])
+                       for i, s in enumerate(self.layers))
+        return InferenceState(layers, self.lengths + tuple(p.lengths[r] for p, rows in parts
+                                                           for r in rows))
 
     @staticmethod
     def cat(states: Sequence["InferenceState"]) -> "InferenceState":

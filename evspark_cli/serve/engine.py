@@ -33,6 +33,8 @@ import torch
 from ..decode.batch import BatchDecoder
 from ..decode.drafters.base import Drafter
 from ..decode.jobs import Job, Outcome, RoundReport
+from ..decode.prefill import PromptCache
+from ..defaults import PROMPT_CACHE_MB
 from ..errors import InputError
 from ..generation.jobs import Record, build_jobs
 from ..generation.options import DecodeOptions, check_context, check_gamma
@@ -121,12 +123,17 @@ class Engine:
 
     def __init__(self, model: StripedHyena, drafter: Drafter | None, drafter_name: str,
                  batch_size: int, max_queue: int, metrics: ServerMetrics | None = None,
-                 extra_drafters: dict[str, Drafter | None] | None = None) -> None:
+                 extra_drafters: dict[str, Drafter | None] | None = None,
+                 prompt_cache_bytes: int = PROMPT_CACHE_MB << 20) -> None:
         self.model, self.batch_size, self.max_queue = model, batch_size, max_queue
+        # every lane's decoder takes prefills from it: a prompt sent again (another sample,
+        # another shard) is prefilled once while it stays in the cache
+        self.prompt_cache = PromptCache(prompt_cache_bytes)
         self.drafters: dict[str, Drafter | None] = {drafter_name: drafter, "none": None}
         self.drafters.update(extra_drafters or {})
         self.default_drafter = drafter_name
         self.metrics = metrics or ServerMetrics()
+        self.metrics.watch_prompt_cache(self.prompt_cache)
         self._lock = threading.Lock()  # the queues, the tickets and the lanes
         self._wake = threading.Condition(self._lock)
         self._lanes: dict[Lane, _LaneRun] = {}
@@ -216,7 +223,7 @@ class Engine:
         return BatchDecoder(self.model, options.sampler, drafter,
                             options.gamma if drafter is not None else 0, self.batch_size,
                             options.rollback, adaptive=options.adaptive, on_round=self._round,
-                            tree_rows=options.tree_rows)
+                            tree_rows=options.tree_rows, prompt_cache=self.prompt_cache)
 
     def _check_memory(self, jobs: Sequence[Job], options: DecodeOptions, spec: bool) -> None:
         """Refuse a request whose rows alone (a batch of them, at most `batch_size`) would not

@@ -7,6 +7,9 @@ import threading
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..decode.prefill import PromptCache
 
 TOKENS_PER_S_WINDOW = 10.0
 """Seconds over which the tokens/s gauge averages the tokens the rounds emitted."""
@@ -38,8 +41,17 @@ class ServerMetrics:
         self.prefill_seconds = Histogram("evspark_prefill_seconds", "Seconds of each new "
                                          "row's prefill (0 for a sample forked from it)",
                                          registry=r)
+        self._cache_collector: _PromptCacheCollector | None = None
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.Lock()
+
+    def watch_prompt_cache(self, cache: PromptCache) -> None:
+        """Report the prompt cache's hits, misses, entries and bytes (read at each scrape; a
+        later engine's cache replaces an earlier one's)."""
+        if self._cache_collector is not None:
+            self.registry.unregister(self._cache_collector)
+        self._cache_collector = _PromptCacheCollector(cache)
+        self.registry.register(self._cache_collector)
 
     def note_tokens(self, n: int) -> None:
         now = time.monotonic()
@@ -59,3 +71,28 @@ class ServerMetrics:
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _PromptCacheCollector:
+    """The prompt cache's counts, read when /metrics is scraped (the cache counts them)."""
+
+    def __init__(self, cache: PromptCache) -> None:
+        self.cache = cache
+
+    def describe(self) -> list:
+        return []  # read at scrape time only: nothing to check at registration
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+        c = self.cache
+        hits = CounterMetricFamily("evspark_prompt_cache_hits", "Prompts whose prefill was "
+                                   "taken from the prompt cache")
+        hits.add_metric([], c.hits)
+        misses = CounterMetricFamily("evspark_prompt_cache_misses", "Prompts prefilled because "
+                                     "the prompt cache did not hold them")
+        misses.add_metric([], c.misses)
+        yield hits
+        yield misses
+        yield GaugeMetricFamily("evspark_prompt_cache_bytes", "Bytes the prompt cache holds",
+                                value=c.bytes)
+        yield GaugeMetricFamily("evspark_prompt_cache_entries", "Prompts the prompt cache "
+                                "holds", value=len(c))

@@ -14,6 +14,7 @@ import uvicorn
 
 from .. import __version__
 from ..decode.drafters.registry import drafter_name, resolve_drafter
+from ..defaults import PROMPT_CACHE_MB
 from ..errors import InputError
 from .app import MAX_HEADER_BYTES, ServerState, create_app
 from .engine import Engine
@@ -35,8 +36,11 @@ class ServeSettings:
     dtype: str = "auto"
     max_memory: str | None = None
     force_drafter: bool = False
+    prompt_cache_mb: int = PROMPT_CACHE_MB
 
     def __post_init__(self) -> None:
+        if self.prompt_cache_mb < 0:
+            raise InputError(f"--prompt-cache-mb must be >= 0, got {self.prompt_cache_mb}")
         if self.max_queue < 1:
             raise InputError(f"--max-queue must be >= 1, got {self.max_queue}")
         if self.batch_size is not None and self.batch_size < 1:
@@ -53,13 +57,15 @@ def load_engine(s: ServeSettings, metrics: ServerMetrics) -> tuple[Engine, dict[
     name = drafter_name(d) if d is not None else "none"
     extra = {n: resolve_drafter(model, n) for n in BUILTIN_DRAFTERS if n != name}
     batch = s.batch_size or default_batch_size(model.device)
-    engine = Engine(model, d, name, batch, s.max_queue, metrics, extra)
+    engine = Engine(model, d, name, batch, s.max_queue, metrics, extra,
+                    prompt_cache_bytes=s.prompt_cache_mb << 20)
     folder = model_folder(s.model_dir)
     info = {"id": folder.name, "object": "model", "path": str(folder),
             "weights_sha256": weights_hash(folder), "config": dataclasses.asdict(model.config),
             "drafter": name, "drafters": sorted(engine.drafters), "device": str(model.device),
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "batch_size": batch, "max_queue": s.max_queue, "evspark": __version__}
+            "batch_size": batch, "max_queue": s.max_queue,
+            "prompt_cache_mb": s.prompt_cache_mb, "evspark": __version__}
     return engine, info
 
 
