@@ -9,7 +9,8 @@ Three phases against a real server on a loopback port (`evspark serve` in a chil
 1. **Flood**: `--flood` requests (one prompt, one sample, `--tokens` tokens each) sent at once
    by `--flood-clients` threads to a server with `--max-queue`; counts the answers by status
    (the bar: only 200 and 429), checks every accepted request got its sequence, and samples the
-   server's RSS (/proc) before, during (peak) and after.
+   server's RSS (/proc) before, during (peak), after each quarter of the requests is answered
+   (flat when the later quarters do not grow) and after.
 2. **SIGTERM**: `--in-flight` requests accepted, then SIGTERM: how many were still unanswered
    when the signal went, how many were answered, the exit code and the seconds to exit against
    `--drain-seconds`.
@@ -86,10 +87,19 @@ def flood(a: argparse.Namespace, ps: dict[str, str]) -> dict:
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
+        done, lock, by_quarter = [0], threading.Lock(), []
+
+        def one(i: int) -> tuple[int, str | None]:
+            answer = request(url, *items[i % len(items)], a.tokens, a.limit_s)
+            with lock:
+                done[0] += 1
+                if done[0] * 4 >= a.flood * (len(by_quarter) + 1):
+                    by_quarter.append(round(rss_mib(proc.pid), 1))
+            return answer
+
         t0 = time.perf_counter()
         with ThreadPoolExecutor(a.flood_clients) as pool:
-            got = list(pool.map(lambda i: request(url, *items[i % len(items)], a.tokens,
-                                                  a.limit_s), range(a.flood)))
+            got = list(pool.map(one, range(a.flood)))
         seconds = time.perf_counter() - t0
         stop.set()
         watcher.join()
@@ -106,7 +116,7 @@ def flood(a: argparse.Namespace, ps: dict[str, str]) -> dict:
             "only_200_and_429": set(statuses) <= {"200", "429"},
             "accepted_answered": answered == statuses.get("200", 0),
             "rss_mib": {"before": round(before, 1), "peak": round(max(peak), 1),
-                        "after": round(after, 1)}}
+                        "after": round(after, 1), "after_each_quarter": by_quarter}}
 
 
 def sigterm(a: argparse.Namespace, ps: dict[str, str]) -> dict:

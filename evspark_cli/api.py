@@ -168,13 +168,14 @@ def score(model: StripedHyena, prompt: str | Sequence[int], context: int | None 
 
 
 def score_variants(model: StripedHyena, vcf: str, reference: str, window: int = 8192,
-                   reduce: str = "mean", strict: bool = False, rc: bool = False
-                   ) -> list[VariantScore]:
+                   reduce: str = "mean", strict: bool = False, rc: bool = False,
+                   rows: int | None = None) -> list[VariantScore]:
     """Variant effect scores of every scorable ALT allele of `vcf` (VCF or BCF, plain or
     bgzipped) against `reference` (a FASTA), as `evspark score --variants` computes them
     (docs/cli.md): each a `VariantScore` (`variant`, `ref_ll`, `alt_ll`, `delta`), in file
-    order; `rc` averages each score with its reverse complement's. Alleles that cannot be scored
-    are skipped with a Python warning per reason (refused with InputError if `strict`)."""
+    order; `rc` averages each score with its reverse complement's; `rows`: windows a batched
+    pass holds (default by device). Alleles that cannot be scored are skipped with a Python
+    warning per reason (refused with InputError if `strict`)."""
     import warnings
 
     from .eval import variants as scoring
@@ -185,7 +186,8 @@ def score_variants(model: StripedHyena, vcf: str, reference: str, window: int = 
     ref = open_reference(reference)
     try:
         got = read_variants(vcf, ref, strict, warn=lambda m: warnings.warn(m, stacklevel=3))
-        return scoring.score_variants(model, ref, got.variants, window, reduce, rc=rc)
+        return scoring.score_variants(model, ref, got.variants, window, reduce, rc=rc,
+                                      rows=rows)
     finally:
         ref.close()
 

@@ -14,10 +14,12 @@ from tiny import tiny_config
 from evspark_cli.errors import InputError, SettingError
 from evspark_cli.eval.variants import (
     check_variant_settings,
+    consecutive_sites,
     mutagenesis_window,
     score_mutagenesis,
     score_site,
     score_variants,
+    site_chunks,
     variant_window,
     window_ll,
 )
@@ -59,12 +61,15 @@ def test_windows_follow_evo2_recipe():
         check_variant_settings(512, "max")
 
 
-@pytest.mark.parametrize("reduce, rc", [("mean", False), ("sum", False), ("mean", True)])
+@pytest.mark.parametrize("reduce, rc, rows", [("mean", False, 8), ("sum", False, 1),
+                                              ("mean", True, 64)])
 def test_shared_prefix_scores_equal_scoring_each_window_from_scratch(phix_model, phix, reduce,
-                                                                     rc):
+                                                                     rc, rows):
     """SNVs, an MNV, insertions, deletions, a multi-allelic site, sites near both contig ends
     (windows clipped) and at the first bases, on real DNA with a trained model: every score
-    within 1e-4 nats of the naive one."""
+    within 1e-4 nats of the naive one, whether each site has its own pass (rows=1) or sites
+    share passes (a pass's sites at one offset batched as rows, others in passes of their
+    own)."""
     from evspark_cli.model.checkpoint import load_model
 
     model = load_model(phix_model)
@@ -80,7 +85,8 @@ def test_shared_prefix_scores_equal_scoring_each_window_from_scratch(phix_model,
                  Variant("c", 800, "m2", contig[799], alt[alt[contig[799]]]),
                  Variant("c", 1480, "del_end", contig[1479:1500], contig[1479])]
     contigs = _ref(contig)
-    shared = score_variants(model, contigs, variants, window=300, reduce=reduce, rc=rc)
+    shared = score_variants(model, contigs, variants, window=300, reduce=reduce, rc=rc,
+                            rows=rows)
     naive = score_variants(model, contigs, variants, window=300, reduce=reduce, naive=True,
                            rc=rc)
     assert [s.variant for s in shared] == variants  # input order
@@ -116,6 +122,21 @@ def test_saturation_mutagenesis_from_one_reference_pass_equals_scoring_each_wind
     assert mutagenesis_window(1500, 601, 620, 256) == (610 - 128, 610 + 128)
     with pytest.raises(SettingError, match="does not fit"):
         mutagenesis_window(1500, 1, 300, 256)
+
+
+def test_sites_share_a_pass_up_to_the_row_budget(make_model):
+    """A pass holds whole sites (reference + ALTs) up to `rows` windows; a larger site alone."""
+    def snv(pos: int, alt: str = "A") -> Variant:
+        return Variant("c", pos, ".", "C", alt)
+
+    sites = consecutive_sites([snv(1), snv(1, "G"), snv(5), snv(9), snv(9, "G"), snv(9, "T")])
+    assert [len(c) for c in site_chunks(sites, 5)] == [3, 3]  # 3 + 2 windows, then 4
+    assert [len(c) for c in site_chunks(sites, 1)] == [2, 1, 3]
+    assert [len(c) for c in site_chunks(sites, 64)] == [6]
+    contig = _contig(300, 2)
+    with pytest.raises(SettingError, match="rows"):
+        score_variants(make_model(tiny_config()), _ref(contig),
+                       [Variant("c", 100, ".", contig[99], "A")], 100, rows=0)
 
 
 def test_rc_averages_each_window_with_its_reverse_complement(make_model):

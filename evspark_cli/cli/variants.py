@@ -130,14 +130,21 @@ def _shard(alleles: list, shard: str | None) -> list:
 
 def _scored(model, reference, run: VariantRun, window: int, todo: list,
             region: tuple[str, int, int] | None):
-    """(alleles, their scores) as they finish: a VCF's site by site; a mutagenesis region in
-    one pass (the alleles a resumed partial already holds left out of what is written)."""
-    from ..eval.variants import consecutive_sites, score_mutagenesis, score_variants
+    """(alleles, their scores) as they finish: a VCF's sites a batched pass at a time; a
+    mutagenesis region in one pass (the alleles a resumed partial already holds left out of
+    what is written)."""
+    from ..eval.variants import (
+        consecutive_sites,
+        score_mutagenesis,
+        score_variants,
+        site_chunks,
+        site_rows,
+    )
 
     if region is not None:
         if todo:
             yield todo, score_mutagenesis(model, reference, *region, window, run.reduce,
                                           only=todo)
         return
-    for site in consecutive_sites(todo):
-        yield site, score_variants(model, reference, site, window, run.reduce, rc=run.rc)
+    for alleles in site_chunks(consecutive_sites(todo), site_rows(model.device)):
+        yield alleles, score_variants(model, reference, alleles, window, run.reduce, rc=run.rc)

@@ -18,7 +18,7 @@ tests and the benchmark compare against.
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +34,11 @@ from ..model.state import InferenceState
 REDUCTIONS = ("mean", "sum")
 VARIANT_COLUMNS = ("chrom", "pos", "id", "ref", "alt", "ref_ll", "alt_ll", "delta")
 """Columns of a variant score table (TSV); `pos` is the VCF's 1-based position."""
+CPU_SITE_ROWS, GPU_SITE_ROWS = 4, 16
+"""Windows per batched pass of `score_variants` by default: consecutive sites share a pass. On
+2 CPU cores a pass of more rows is not faster per row (8 biallelic SNV sites of 8,192-base
+windows: 11.4-13.4 s with 1, 2 or 4 windows a pass, 15.5 s with 16), so a CPU pass holds one
+site with up to three ALTs; a GPU is not filled by one window, so it batches sites."""
 PAD = ord("N")  # fills a shorter allele's row of a batched pass (after its end: never scored)
 
 
@@ -112,32 +117,48 @@ def score_site(model: StripedHyena, offset: int, windows: Sequence[str],
     """Scores of windows that share their first `offset` bases (a site's reference and
     alternative windows): the shared prefix prefilled once, then one row per window extending
     its own suffix, all rows in one pass."""
-    prefix = windows[0][:offset]
-    if any(w[:offset] != prefix for w in windows):
-        raise ValueError("score_site: the windows do not share their first offset bases")
+    return score_sites(model, offset, [windows], reduce)[0]
+
+
+@torch.inference_mode()
+def score_sites(model: StripedHyena, offset: int, sites: Sequence[Sequence[str]],
+                reduce: str = "mean") -> list[list[float]]:
+    """`score_site` for several sites whose windows share their first `offset` bases within
+    each site (sites at one offset: every site away from a contig end): the sites' prefixes
+    prefilled as the rows of one pass, each forked into a row per window, and every window's
+    suffix extended in one batched pass."""
+    for windows in sites:
+        if any(w[:offset] != windows[0][:offset] for w in windows):
+            raise ValueError("score_site: the windows do not share their first offset bases")
     if offset < 2:  # nothing worth sharing: each window from scratch
-        return [window_ll(model, w, reduce) for w in windows]
+        return [[window_ll(model, w, reduce) for w in windows] for windows in sites]
     dev = model.device
-    pre = torch.tensor([_ids(prefix)], dtype=torch.long, device=dev)
-    suffixes = [w[offset:] for w in windows]
-    longest = max(len(s) for s in suffixes)
+    pre = torch.tensor([_ids(windows[0][:offset]) for windows in sites], dtype=torch.long,
+                       device=dev)
+    flat = [(i, w) for i, windows in enumerate(sites) for w in windows]
+    suffixes = [w[offset:] for _, w in flat]
+    longest = max(len(x) for x in suffixes)
     logits, _, state = model.prefill(pre, reserve=longest + 1)
-    prefix_ll = _token_ll(logits[0, :-1], pre[0, 1:]).double().sum()
-    last = logits[0, -1]  # predicts each window's base at `offset`
-    totals = [prefix_ll.clone() for _ in windows]
+    prefix_ll = _token_ll(logits[:, :-1], pre[:, 1:]).double().sum(-1)
+    last = logits[:, -1]  # last[i] predicts site i's bases at `offset`
+    totals = [prefix_ll[i].clone() for i, _ in flat]
     if longest:
-        rows = torch.full((len(windows), longest), PAD, dtype=torch.long, device=dev)
-        for i, s in enumerate(suffixes):
-            rows[i, : len(s)] = torch.tensor(_ids(s), dtype=torch.long)
-        ext = _extend_rows(model, state.select([0] * len(windows)), rows)
-        for i, s in enumerate(suffixes):
-            n = len(s)
+        rows = torch.full((len(flat), longest), PAD, dtype=torch.long, device=dev)
+        for r, x in enumerate(suffixes):
+            rows[r, : len(x)] = torch.tensor(_ids(x), dtype=torch.long)
+        ext = _extend_rows(model, state.select([i for i, _ in flat]), rows)
+        for r, ((i, _), x) in enumerate(zip(flat, suffixes)):
+            n = len(x)
             if n == 0:
                 continue
-            first = _token_ll(last, rows[i, 0])
-            rest = _token_ll(ext[i, : n - 1], rows[i, 1:n]) if n > 1 else first.new_zeros(0)
-            totals[i] = totals[i] + first.double() + rest.double().sum()
-    return [_reduce(t, len(w) - 1, reduce) for t, w in zip(totals, windows)]
+            first = _token_ll(last[i], rows[r, 0])
+            rest = _token_ll(ext[r, : n - 1], rows[r, 1:n]) if n > 1 else first.new_zeros(0)
+            totals[r] = totals[r] + first.double() + rest.double().sum()
+    scores = [_reduce(t, len(w) - 1, reduce) for t, (_, w) in zip(totals, flat)]
+    out: list[list[float]] = [[] for _ in sites]
+    for (i, _), score in zip(flat, scores):
+        out[i].append(score)
+    return out
 
 
 def _extend_rows(model: StripedHyena, state, rows: Tensor) -> Tensor:
@@ -156,32 +177,89 @@ def _extend_rows(model: StripedHyena, state, rows: Tensor) -> Tensor:
 
 def score_variants(model: StripedHyena, reference: Reference, variants: Sequence[Variant],
                    window: int = 8192, reduce: str = "mean", naive: bool = False,
-                   rc: bool = False) -> list[VariantScore]:
+                   rc: bool = False, rows: int | None = None) -> list[VariantScore]:
     """Score each variant (checked against `reference`: io/vcf.py) on its contig, in input
     order. Consecutive variants at one position that share a reference window are scored as
-    one site: its reference window once, each ALT as a row of the site's pass. `rc`: each score
+    one site: its reference window once, each ALT as a row of the site's pass; consecutive
+    sites share a pass up to `rows` windows (a site's are never split; default
+    `site_rows(model.device)`). `rc`: each score
     is the mean of the window's and its reverse complement's (whose windows share the bases
     after the variant, reversed)."""
     check_variant_settings(window, reduce)
-    out: list[VariantScore] = []
-    for group in consecutive_sites(variants):  # windows held for one position at a time
+    rows = site_rows(model.device) if rows is None else rows
+    if rows < 1:
+        raise SettingError.of("rows", f"must be >= 1, got {rows}")
+    scored: dict[int, VariantScore] = {}
+    batch: list[list[tuple[Variant, Window]]] = []
+    for site in _sites(reference, variants, window):  # windows held for one pass at a time
+        if batch and sum(len(b) + 1 for b in batch) + len(site) + 1 > rows:
+            scored.update(_score_batch(model, batch, reduce, naive, rc))
+            batch = []
+        batch.append(site)
+    if batch:
+        scored.update(_score_batch(model, batch, reduce, naive, rc))
+    return [scored[id(v)] for v in variants]
+
+
+def site_rows(device: torch.device) -> int:
+    """Windows a pass of `score_variants` holds by default on `device`."""
+    return CPU_SITE_ROWS if device.type == "cpu" else GPU_SITE_ROWS
+
+
+def site_chunks(sites: list[list[Variant]], rows: int) -> Iterator[list[Variant]]:
+    """Consecutive sites (`consecutive_sites`) joined into runs of at most `rows` windows (a
+    site's reference and ALTs; a larger site alone): what one `score_variants` pass holds."""
+    chunk: list[Variant] = []
+    used = 0
+    for site in sites:
+        if chunk and used + len(site) + 1 > rows:
+            yield chunk
+            chunk, used = [], 0
+        chunk += site
+        used += len(site) + 1
+    if chunk:
+        yield chunk
+
+
+def _sites(reference: Reference, variants: Sequence[Variant], window: int
+           ) -> Iterator[list[tuple[Variant, Window]]]:
+    """The alleles of each site (one reference window) with their windows, in input order."""
+    for group in consecutive_sites(variants):
         sites: dict[tuple[int, int, str], list[tuple[Variant, Window]]] = {}
         for v in group:
             w = variant_window(reference, v, window)
             sites.setdefault((w.start, w.offset, w.ref), []).append((v, w))
-        scored: dict[int, VariantScore] = {}
-        for members in sites.values():
-            ref = members[0][1].ref
-            windows = [ref] + [w.alt for _, w in members]
-            scores = _site_scores(model, members[0][1].offset, windows, reduce, naive)
-            if rc:
-                tail = min(len(ref) - w.offset - len(v.ref) for v, w in members)
-                back = _site_scores(model, tail, [reverse_complement(x) for x in windows],
-                                    reduce, naive)
-                scores = [(a + b) / 2 for a, b in zip(scores, back)]
-            for (v, _), alt_ll in zip(members, scores[1:]):
-                scored[id(v)] = VariantScore(v, scores[0], alt_ll)
-        out += [scored[id(v)] for v in group]
+        yield from sites.values()
+
+
+def _score_batch(model: StripedHyena, batch: list[list[tuple[Variant, Window]]], reduce: str,
+                 naive: bool, rc: bool) -> dict[int, VariantScore]:
+    """Scores of a pass's sites, keyed by id(variant)."""
+    windows = [[site[0][1].ref] + [w.alt for _, w in site] for site in batch]
+    scores = _batched(model, [(site[0][1].offset, ws) for site, ws in zip(batch, windows)],
+                      reduce, naive)
+    if rc:
+        tails = [min(len(w.ref) - w.offset - len(v.ref) for v, w in site) for site in batch]
+        back = _batched(model, [(t, [reverse_complement(x) for x in ws])
+                                for t, ws in zip(tails, windows)], reduce, naive)
+        scores = [[(a + b) / 2 for a, b in zip(f, r)] for f, r in zip(scores, back)]
+    return {id(v): VariantScore(v, got[0], alt_ll)
+            for site, got in zip(batch, scores) for (v, _), alt_ll in zip(site, got[1:])}
+
+
+def _batched(model: StripedHyena, sites: list[tuple[int, list[str]]], reduce: str,
+             naive: bool) -> list[list[float]]:
+    """Each site's window scores: sites at one offset in one `score_sites` pass."""
+    if naive:
+        return [[window_ll(model, w, reduce) for w in ws] for _, ws in sites]
+    out: list[list[float]] = [[] for _ in sites]
+    by_offset: dict[int, list[int]] = {}
+    for i, (offset, _) in enumerate(sites):
+        by_offset.setdefault(offset, []).append(i)
+    for offset, which in by_offset.items():
+        for i, got in zip(which, score_sites(model, offset, [sites[i][1] for i in which],
+                                             reduce)):
+            out[i] = got
     return out
 
 
@@ -195,13 +273,6 @@ def consecutive_sites(variants: Sequence[Variant]) -> list[list[Variant]]:
         else:
             out.append([v])
     return out
-
-
-def _site_scores(model: StripedHyena, offset: int, windows: list[str], reduce: str,
-                 naive: bool) -> list[float]:
-    if naive:
-        return [window_ll(model, w, reduce) for w in windows]
-    return score_site(model, offset, windows, reduce)
 
 
 def mutagenesis_window(length: int, start: int, end: int, window: int) -> tuple[int, int]:
