@@ -7,10 +7,10 @@
 Three phases against a real server on a loopback port (`evspark serve` in a child process):
 
 1. **Flood**: `--flood` requests (one prompt, one sample, `--tokens` tokens each) sent at once
-   by `--flood-clients` threads to a server with `--max-queue`; counts the answers by status
-   (the bar: only 200 and 429), checks every accepted request got its sequence, and samples the
-   server's RSS (/proc) before, during (peak), after each quarter of the requests is answered
-   (flat when the later quarters do not grow) and after.
+   by `--flood-clients` threads to a server with `--max-queue`, `--floods` times in turn on the
+   same server; per flood, counts the answers by status (the bar: only 200 and 429), checks
+   every accepted request got its sequence, and samples the server's RSS (/proc) before, during
+   (peak) and after it: flat when later floods peak no higher than the first.
 2. **SIGTERM**: `--in-flight` requests accepted, then SIGTERM: how many were still unanswered
    when the signal went, how many were answered, the exit code and the seconds to exit against
    `--drain-seconds`.
@@ -73,50 +73,50 @@ def request(url: str, rid: str, seq: str, tokens: int, limit_s: float) -> tuple[
 
 
 def flood(a: argparse.Namespace, ps: dict[str, str]) -> dict:
+    """`--floods` floods one after another on one server: each one's answers and the server's
+    RSS before, at its peak and after it (flat: a later flood's peak no higher than the
+    first's, beyond what a full batch and the prompt cache hold)."""
     proc, url = start_server("--batch-size", str(a.batch_size), "--max-queue", str(a.max_queue),
                              "--threads", str(a.threads))
     items = list(ps.items())
+    floods = []
     try:
-        before = rss_mib(proc.pid)
-        peak, stop = [before], threading.Event()
+        for _ in range(a.floods):
+            before = rss_mib(proc.pid)
+            peak, stop = [before], threading.Event()
 
-        def watch() -> None:
-            while not stop.is_set():
-                peak.append(rss_mib(proc.pid))
-                stop.wait(0.05)
+            def watch(peak: list[float] = peak, stop: threading.Event = stop) -> None:
+                while not stop.is_set():
+                    peak.append(rss_mib(proc.pid))
+                    stop.wait(0.05)
 
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        done, lock, by_quarter = [0], threading.Lock(), []
-
-        def one(i: int) -> tuple[int, str | None]:
-            answer = request(url, *items[i % len(items)], a.tokens, a.limit_s)
-            with lock:
-                done[0] += 1
-                if done[0] * 4 >= a.flood * (len(by_quarter) + 1):
-                    by_quarter.append(round(rss_mib(proc.pid), 1))
-            return answer
-
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(a.flood_clients) as pool:
-            got = list(pool.map(one, range(a.flood)))
-        seconds = time.perf_counter() - t0
-        stop.set()
-        watcher.join()
-        after = rss_mib(proc.pid)
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(a.flood_clients) as pool:
+                got = list(pool.map(lambda i: request(url, *items[i % len(items)], a.tokens,
+                                                      a.limit_s), range(a.flood)))
+            seconds = time.perf_counter() - t0
+            stop.set()
+            watcher.join()
+            statuses: dict[str, int] = {}
+            for status, _ in got:
+                statuses[str(status)] = statuses.get(str(status), 0) + 1
+            answered = sum(1 for s, t in got
+                           if s == 200 and t is not None and len(t) == a.tokens)
+            floods.append({"seconds": round(seconds, 2), "statuses": statuses,
+                           "only_200_and_429": set(statuses) <= {"200", "429"},
+                           "accepted_answered": answered == statuses.get("200", 0),
+                           "rss_mib": {"before": round(before, 1), "peak": round(max(peak), 1),
+                                       "after": round(rss_mib(proc.pid), 1)}})
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    statuses: dict[str, int] = {}
-    for status, _ in got:
-        statuses[str(status)] = statuses.get(str(status), 0) + 1
-    answered = sum(1 for s, t in got if s == 200 and t is not None and len(t) == a.tokens)
     return {"requests": a.flood, "clients": a.flood_clients, "max_queue": a.max_queue,
-            "seconds": round(seconds, 2), "statuses": statuses,
-            "only_200_and_429": set(statuses) <= {"200", "429"},
-            "accepted_answered": answered == statuses.get("200", 0),
-            "rss_mib": {"before": round(before, 1), "peak": round(max(peak), 1),
-                        "after": round(after, 1), "after_each_quarter": by_quarter}}
+            "floods": floods,
+            "only_200_and_429": all(f["only_200_and_429"] for f in floods),
+            "accepted_answered": all(f["accepted_answered"] for f in floods),
+            "peak_rss_mib": max(f["rss_mib"]["peak"] for f in floods)}
 
 
 def sigterm(a: argparse.Namespace, ps: dict[str, str]) -> dict:
@@ -180,7 +180,8 @@ def shards(a: argparse.Namespace, ps: dict[str, str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--flood", type=int, default=1000)
+    ap.add_argument("--flood", type=int, default=1000, help="requests per flood")
+    ap.add_argument("--floods", type=int, default=3, help="floods on one server, in turn")
     ap.add_argument("--flood-clients", type=int, default=128)
     ap.add_argument("--max-queue", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
