@@ -266,10 +266,24 @@ def test_score_variants_on_the_command_line_and_in_the_api(tmp_path, phix_model,
     partial = Path(str(out) + ".partial")
     partial.write_text("\n".join(lines[:3]) + "\n")
     out.unlink()
-    r = run_cli(args + ["--resume"])
+    annotated = tmp_path / "annotated.bcf"
+    r = run_cli(args + ["--resume", "--vcf-out", annotated])
     assert r.code == 0, r.err
     assert "(1 this run)" in r.err
     assert out.read_text().splitlines() == lines
+    # --vcf-out: the input's every record, each scored ALT's scores (resumed rows too) as INFO
+    import pysam
+
+    with pysam.VariantFile(str(annotated)) as got:
+        assert got.header.info["EVSPARK_DELTA"].number == "A"
+        recs = list(got)
+    assert [(r.pos, r.ref, r.alts) for r in recs] == [(p, ref_, (alt,))
+                                                      for p, ref_, alt in alleles]
+    for rec, row in zip(recs, rows):
+        for field, col in (("EVSPARK_REF_LL", "ref_ll"), ("EVSPARK_DELTA", "delta")):
+            assert rec.info[field][0] == pytest.approx(float(row[col]), abs=1e-5)
+    assert "EVSPARK_DELTA" not in recs[-1].info  # the symbolic ALT: not scored
+    assert not Path(str(annotated) + ".partial").exists()
     # --shard I/N: whole sites, site i in shard i mod N + 1; the shards' rows are the run's
     shards = []
     for i in (1, 2):
@@ -283,7 +297,14 @@ def test_score_variants_on_the_command_line_and_in_the_api(tmp_path, phix_model,
                          ([ref, "--variants", vcf, "--reference", ref], "give no INPUT"),
                          (["--variants", vcf, "--reference", ref, "--reduce", "max"], "--reduce"),
                          (["--variants", str(tmp_path / "none.vcf"), "--reference", ref],
-                          "none.vcf")):
+                          "none.vcf"),
+                         (["--variants", vcf, "--reference", ref, "--vcf-out",
+                           str(tmp_path / "a.vcf"), "--shard", "1/2"], "--shard"),
+                         ([ref, "--vcf-out", str(tmp_path / "a.vcf")], "--variants"),
+                         (["--mutagenesis", "NC_001422.1:10-12", "--reference", ref,
+                           "--vcf-out", str(tmp_path / "a.vcf")], "--variants"),
+                         (["--variants", vcf, "--reference", ref, "--vcf-out", vcf],
+                          "input")):
         r = run_cli(["score", *bad, "--model", phix_model, "-q"])
         assert r.code == 2, (bad, r.err)
         assert re.search(pattern, r.err.strip().splitlines()[-1]), r.err
@@ -409,3 +430,30 @@ def test_a_real_vcf_and_bcf_from_htslib_score_as_the_naive_computation(phix_mode
     got = read_variants(str(HTSLIB / "vcf_file.vcf"), bad)
     assert sum(n for why, n in got.skipped.items() if "does not match" in why) == 1
     assert len(got.variants) == len(listed) - 1
+
+
+def test_annotated_vcf_keeps_every_record_and_replaces_earlier_scores(tmp_path):
+    """write_annotated: INFO tags a record uses undeclared survive (htslib would otherwise end
+    the process), a second annotation replaces the first, '.' where an ALT has no score, and a
+    same-named field of another type is refused before anything is written."""
+    import pysam
+
+    from evspark_cli.io.vcf import write_annotated
+
+    src = _vcf(tmp_path, "NC_001422.1\t5\trs1\tA\tC,G\t.\tPASS\t.\n"
+                         "NC_001422.1\t9\t.\tT\t<DEL>\t.\t.\tDP=3\n")
+    first = str(tmp_path / "a.vcf.gz")
+    assert write_annotated(src, first, {("NC_001422.1", 5, "A", "C"): (-1.0, -1.5, -0.5)}) == 2
+    again = str(tmp_path / "b.vcf")
+    write_annotated(first, again, {("NC_001422.1", 5, "A", "G"): (-1.0, -1.25, -0.25)})
+    with pysam.VariantFile(again) as got:
+        recs = list(got)
+    assert recs[0].info["EVSPARK_DELTA"] == (None, -0.25)
+    assert "EVSPARK_DELTA" not in recs[1].info and recs[1].info["DP"] == "3"
+    clash = _vcf(tmp_path, "NC_001422.1\t5\t.\tA\tC\t.\t.\tEVSPARK_DELTA=x\n", name="c.vcf")
+    text = Path(clash).read_text().replace(
+        "#CHROM", '##INFO=<ID=EVSPARK_DELTA,Number=1,Type=String,Description="x">\n#CHROM')
+    Path(clash).write_text(text)
+    with pytest.raises(InputError, match="EVSPARK_DELTA"):
+        write_annotated(clash, str(tmp_path / "d.vcf"), {})
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("d.")) == []

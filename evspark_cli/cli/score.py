@@ -59,6 +59,9 @@ ReduceOpt = option("mean", "--reduce", help="With --variants: a window's log-lik
 MutagenesisOpt = option(None, "--mutagenesis", help="With --reference: in-silico saturation "
                         "mutagenesis of ID:START-END (every base to the three others), in one "
                         "--window that holds the region.")
+VcfOutOpt = option(None, "--vcf-out", help="With --variants: also write the VCF with each "
+                  "ALT's scores as INFO EVSPARK_REF_LL, EVSPARK_ALT_LL, EVSPARK_DELTA "
+                  "(.bcf: BCF, .gz: bgzipped, else plain).")
 RcOpt = option(False, "--rc", help="With --variants: each score the mean of the window's and "
                "its reverse complement's.")
 
@@ -116,12 +119,15 @@ def score(
     reduce: str = ReduceOpt,
     rc: bool = RcOpt,
     mutagenesis: Optional[str] = MutagenesisOpt,
+    vcf_out: Optional[str] = VcfOutOpt,
 ) -> None:
     """Teacher-forced log-likelihood per record, or variant effect scores (--variants)."""
     if variants or mutagenesis or not inputs:
         return _variants(inputs, VariantRun(variants, reference, output, window, reduce, strict,
-                                            resume, rc, mutagenesis, shard), model_dir, device,
-                         dtype, threads, quiet, max_memory)
+                                            resume, rc, mutagenesis, shard, vcf_out), model_dir,
+                         device, dtype, threads, quiet, max_memory)
+    if vcf_out is not None:
+        raise SettingError("{0} annotates the VCF of {1}", "vcf_out", "variants")
     from ..eval.score import check_logits_format, check_score_windows
     from ..limits import run_inputs, score_cap, score_windows
     from ..model.checkpoint import load_model, resolve_device

@@ -30,6 +30,7 @@ class VariantRun:
     rc: bool = False
     mutagenesis: str | None = None  # ID:START-END: score every substitution of the region
     shard: str | None = None  # I/N: the sites (mutagenesis: positions) i with i mod N == I-1
+    vcf_out: str | None = None  # also the input VCF with the scores as INFO fields
 
 
 def _key(chrom: object, pos: object, ref: object, alt: object) -> tuple[str, str, str, str]:
@@ -49,6 +50,11 @@ def score_variants_command(run: VariantRun, model_dir: str | None, device: str, 
         raise SettingError("{0} needs {1}: the FASTA the positions refer to", what, "reference")
     if run.mutagenesis is not None and run.rc:
         raise SettingError("{0} scores the forward strand only (no {1})", "mutagenesis", "rc")
+    if run.vcf_out is not None and run.variants is None:
+        raise SettingError("{0} annotates the VCF of {1}", "vcf_out", "variants")
+    if run.vcf_out is not None and run.shard is not None:
+        raise SettingError("{0} writes the whole VCF: score it without {1} (a shard's TSV "
+                           "rows are merged with evspark merge)", "vcf_out", "shard")
     if run.shard is not None:
         from ..io.shard import parse_shard
 
@@ -56,8 +62,11 @@ def score_variants_command(run: VariantRun, model_dir: str | None, device: str, 
     window = DEFAULT_WINDOW if run.window is None else run.window
     check_variant_settings(window, run.reduce)
     check_output_path(run.output)
+    if run.vcf_out is not None:
+        check_output_path(run.vcf_out)
     check_distinct([p for p in (run.variants, run.reference) if p is not None],
-                   [Output("--output", run.output, (PARTIAL_SUFFIX,))])
+                   [Output("--output", run.output, (PARTIAL_SUFFIX,)),
+                    Output("--vcf-out", run.vcf_out, (PARTIAL_SUFFIX,))])
     reference = open_reference(run.reference)
     try:
         alleles, skipped, region = _alleles(run, reference, window)
@@ -71,12 +80,22 @@ def score_variants_command(run: VariantRun, model_dir: str | None, device: str, 
                 done = {_key(r["chrom"], r["pos"], r["ref"], r["alt"]) for r in rows.done_rows}
                 todo = [v for v in alleles if _key(v.chrom, v.pos, v.ref, v.alt) not in done]
                 prog.advance(len(alleles) - len(todo))
+                every = list(rows.done_rows) if run.vcf_out is not None else []
                 for part, scores in _scored(model, reference, run, window, todo, region):
                     for s in scores:
-                        rows.write({k: (round(x, 6) if isinstance(x, float) else x)
-                                    for k, x in s.row().items()})
+                        row = {k: (round(x, 6) if isinstance(x, float) else x)
+                               for k, x in s.row().items()}
+                        rows.write(row)
+                        if run.vcf_out is not None:
+                            every.append(row)
                     prog.advance(len(part))
                 rows.finish()
+            if run.vcf_out is not None:
+                from ..io.vcf import write_annotated
+
+                assert run.variants is not None
+                prog.update(status=f"writing {run.vcf_out}")
+                write_annotated(run.variants, run.vcf_out, _annotations(every))
     finally:
         reference.close()
     of = f" in shard {run.shard}" if run.shard else ""
@@ -86,6 +105,12 @@ def score_variants_command(run: VariantRun, model_dir: str | None, device: str, 
                  f"{used.describe()}")
     if not alleles and skipped:
         fail("no allele of the VCF could be scored (see the warnings above)", 1)
+
+
+def _annotations(rows: list[dict]) -> dict[tuple[str, int, str, str], tuple[float, ...]]:
+    """Score rows (this run's and a resumed partial's, whose values are strings) by allele."""
+    return {(str(r["chrom"]), int(r["pos"]), str(r["ref"]), str(r["alt"])):
+            tuple(float(r[k]) for k in ("ref_ll", "alt_ll", "delta")) for r in rows}
 
 
 def _alleles(run: VariantRun, reference, window: int

@@ -94,3 +94,63 @@ def read_variants(path: str, reference: Source, strict: bool = False,
         for why, n in out.skipped.items():
             warn(f"{path}: {n} allele{'s' * (n != 1)} skipped: {why}")
     return out
+
+
+ANNOTATIONS = (("EVSPARK_REF_LL", "the reference window's score (nats, as --reduce)"),
+               ("EVSPARK_ALT_LL", "the alternative window's score (nats, as --reduce)"),
+               ("EVSPARK_DELTA", "EVSPARK_ALT_LL - EVSPARK_REF_LL (nats)"))
+"""INFO fields `write_annotated` adds, one value per ALT (Number=A; '.' where not scored)."""
+AlleleKey = tuple[str, int, str, str]  # chrom, pos, ref, alt as the VCF writes them
+
+
+def write_annotated(source: str, dest: str, scores: dict[AlleleKey, tuple[float, ...]],
+                    command: str = "evspark score") -> int:
+    """Copy the VCF/BCF `source` to `dest` with `ANNOTATIONS` added to each record's INFO
+    (values of `scores`, keyed by chrom, pos, ref, alt; an ALT without a score gets '.'); BCF
+    when dest ends in .bcf, bgzipped when in .gz, else plain. Written through `dest.partial`,
+    renamed when complete. Returns the records written."""
+    import pysam
+
+    mode = "wb" if dest.endswith(".bcf") else "wz" if dest.endswith(".gz") else "w"
+    tmp = dest + ".partial"
+    n = 0
+    try:
+        pysam.set_verbosity(0)
+        # htslib declares a tag a record uses undeclared as it reads the record, and
+        # translating such a record to another header ends the process: read them all once,
+        # then declare what that added in the reader's header before its records are read
+        with pysam.VariantFile(source) as scan:
+            if "END" not in scan.header.info:  # htslib writes END for symbolic alleles
+                scan.header.info.add("END", 1, "Integer", "End position of the variant")
+            for _ in scan:
+                pass
+            header = scan.header.copy()
+            found = [str(r).rstrip("\n") for r in scan.header.records]
+        for name, what in ANNOTATIONS:
+            if name not in header.info:
+                header.info.add(name, "A", "Float", f"{command}: {what}")
+            elif (header.info[name].number, header.info[name].type) != ("A", "Float"):
+                raise InputError(f"{source}: declares INFO {name} other than Number=A, "
+                                 "Type=Float; it cannot hold the scores")
+        with pysam.VariantFile(source) as vin, pysam.VariantFile(tmp, mode,
+                                                                 header=header) as vout:
+            have = {str(r).rstrip("\n") for r in vin.header.records}
+            for line in found:
+                if line not in have:
+                    vin.header.add_line(line)
+            for rec in vin:
+                rec.translate(vout.header)
+                got = [scores.get((rec.chrom, rec.pos, rec.ref or "", alt))
+                       for alt in rec.alts or ()]
+                for i, (name, _) in enumerate(ANNOTATIONS):
+                    rec.info.pop(name, None)
+                    if any(g is not None for g in got):
+                        rec.info[name] = tuple(None if g is None else g[i] for g in got)
+                vout.write(rec)
+                n += 1
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return n
