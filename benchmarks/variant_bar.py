@@ -83,6 +83,20 @@ def draw(ref, n: int, seed: int) -> list[Variant]:
     return sorted(out, key=lambda v: (v.pos, v.ref, v.alt))
 
 
+def shaped(shape: str):
+    """A random fp32 model of `shape` (HIDDENxLAYERS) with Evo 2's stripe: times, not scores."""
+    from bench_engine import make_config
+
+    from evspark_cli.model.model import StripedHyena
+    from evspark_cli.train.pretrain import init_weights
+
+    hidden, layers = (int(x) for x in shape.lower().split("x"))
+    torch.manual_seed(0)
+    model = StripedHyena(make_config(hidden, layers))
+    init_weights(model, 0)
+    return model.eval()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", type=int, default=500, help="alleles")
@@ -93,13 +107,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mutagenesis-bases", type=int, default=200,
                     help="bases of the mutagenesis region (3 variants each; 0: none)")
+    ap.add_argument("--shape", help="HIDDENxLAYERS: a randomly initialised model with Evo 2's "
+                    "stripe (bench_engine.make_config: attention at every 7th layer from the "
+                    "4th) instead of the bundled target, to time a model whose attention is as "
+                    "small a share of a window's work as in Evo 2")
     ap.add_argument("--out")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     path = genome()
     ref = open_reference(str(path))
     variants = draw(ref, a.variants, a.seed)
-    model = load_model()
+    model = load_model() if a.shape is None else shaped(a.shape)
     score_variants(model, ref, variants[:1], a.window)  # warm-up, untimed
     times: dict[str, float] = {"shared": 0.0, "naive": 0.0}
     scores: dict[str, list] = {"shared": [], "naive": []}

@@ -34,11 +34,12 @@ from ..model.state import InferenceState
 REDUCTIONS = ("mean", "sum")
 VARIANT_COLUMNS = ("chrom", "pos", "id", "ref", "alt", "ref_ll", "alt_ll", "delta")
 """Columns of a variant score table (TSV); `pos` is the VCF's 1-based position."""
-CPU_SITE_ROWS, GPU_SITE_ROWS = 4, 16
-"""Windows per batched pass of `score_variants` by default: consecutive sites share a pass. On
-2 CPU cores a pass of more rows is not faster per row (8 biallelic SNV sites of 8,192-base
-windows: 11.4-13.4 s with 1, 2 or 4 windows a pass, 15.5 s with 16), so a CPU pass holds one
-site with up to three ALTs; a GPU is not filled by one window, so it batches sites."""
+CPU_SITE_ROWS, GPU_SITE_ROWS = 1, 16
+"""Windows per batched pass of `score_variants` by default (a site's windows are never split,
+so 1 is a pass per site with its alleles as rows). On 2 CPU cores a pass of more rows is not
+faster per row: 8 biallelic SNV sites of 8,192-base windows took 11.96-12.52 s a site a pass
+and 12.82-12.97 s two sites a pass (15.5 s with eight); a GPU is not filled by one window, so
+there sites share a pass."""
 PAD = ord("N")  # fills a shorter allele's row of a batched pass (after its end: never scored)
 
 
