@@ -71,6 +71,8 @@ def _variants(inputs: list[str] | None, run: VariantRun, *rest) -> None:
     not read."""
     from .variants import score_variants_command
 
+    if run.vcf_out is not None and run.variants is None:
+        raise SettingError("{0} annotates the VCF of {1}", "vcf_out", "variants")
     if run.variants is None and run.mutagenesis is None:
         raise SettingError("give INPUT... (FASTA records to score) or {0} with {1}",
                            "variants", "reference")
@@ -122,12 +124,10 @@ def score(
     vcf_out: Optional[str] = VcfOutOpt,
 ) -> None:
     """Teacher-forced log-likelihood per record, or variant effect scores (--variants)."""
-    if variants or mutagenesis or not inputs:
+    if variants or mutagenesis or vcf_out or not inputs:
         return _variants(inputs, VariantRun(variants, reference, output, window, reduce, strict,
                                             resume, rc, mutagenesis, shard, vcf_out), model_dir,
                          device, dtype, threads, quiet, max_memory)
-    if vcf_out is not None:
-        raise SettingError("{0} annotates the VCF of {1}", "vcf_out", "variants")
     from ..eval.score import check_logits_format, check_score_windows
     from ..limits import run_inputs, score_cap, score_windows
     from ..model.checkpoint import load_model, resolve_device

@@ -50,8 +50,6 @@ def score_variants_command(run: VariantRun, model_dir: str | None, device: str, 
         raise SettingError("{0} needs {1}: the FASTA the positions refer to", what, "reference")
     if run.mutagenesis is not None and run.rc:
         raise SettingError("{0} scores the forward strand only (no {1})", "mutagenesis", "rc")
-    if run.vcf_out is not None and run.variants is None:
-        raise SettingError("{0} annotates the VCF of {1}", "vcf_out", "variants")
     if run.vcf_out is not None and run.shard is not None:
         raise SettingError("{0} writes the whole VCF: score it without {1} (a shard's TSV "
                            "rows are merged with evspark merge)", "vcf_out", "shard")
