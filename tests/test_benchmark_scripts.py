@@ -28,6 +28,7 @@ SMOKE = {
     "native_step": ["--tokens", "8", "--repeats", "1", "--batches", "1,2", "--prompt-len", "64",
                     "--threads", "1"],
     "identity_vs_native": ["--records", "1", "--tokens", "8", "--runs", "1", "--batches", "1"],
+    "timing_noise": ["--trace-s", "1", "--records", "1", "--tokens", "8", "--repeats", "1"],
     "fasta_reader": ["--megabases", "0.2", "--repeats", "1"],
     "coupled_bar": ["--prompts-n", "2", "--tokens", "8", "--seeds", "0", "--batch-records", "1",
                     "--batch-samples", "2", "--batch-tokens", "8"],

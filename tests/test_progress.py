@@ -550,3 +550,26 @@ def test_a_prompt_longer_than_the_trained_context_is_warned_about(tmp_path, mode
     r = run_cli(["generate", src, "--model", model, "-t", "1", "-n", 2, "-q",
                  "--prompt-tail", trained])
     assert "warning" not in r.err
+
+
+def test_meter_follows_compare_native_passes_taking_turns():
+    """--compare-native's native pass and its speculative twin alternate: each turn tells
+    `pass_started` again; the pass count and status stay the pass's own, and only a pass's
+    first round interval (its decoder's setup) is left out of the rates."""
+    from evspark_cli.generation.run import Pass
+
+    clock = Clock()
+    prog = Progress("generate", "tokens", quiet=True, clock=clock)
+    a = FakeJob(0, 10, 50)
+    passes = [Pass((a,), True, 0), Pass((a,), False, 0)]
+    meter = GenerationMeter(prog, passes, 1, clock=clock)
+    for turn in range(3):
+        for p in passes:
+            meter.pass_started(Pass(p.jobs, p.native, p.pair))  # the run makes equal passes
+            assert meter.setup == (turn == 0)
+            assert f"pass {passes.index(p) + 1}/2 {'native' if p.native else 'speculative'}" \
+                in prog.status
+            rounds(meter, p, clock, 2, tokens=1 if p.native else 4, seconds=0.5)
+    assert meter.pass_index == 2
+    # timed rounds: native 5 of 6 (2 tokens/s), speculative 5 of 6 (8 tokens/s)
+    assert meter.rate(True) == pytest.approx(2.0) and meter.rate(False) == pytest.approx(8.0)

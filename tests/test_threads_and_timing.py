@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -346,3 +347,91 @@ def test_the_summary_and_the_failure_line_count_sequences(tmp_path, model, monke
     assert "2 records x 1 sample, 1 sequence written (1 failed)" in _summary(r.err)
     assert r.err.strip().splitlines()[-1].startswith(
         "evspark: error: 1 of 2 records failed (b.cont); "), r.err
+
+
+# ----------------------------------------------------------------------- decoders in turns
+
+
+class SleepyDecoder:
+    """A decoder whose steps take `work` seconds times the machine's current slowness (a
+    machine that runs 3x slower for its first `slow_s` seconds), for `steps` steps; it stamps
+    each step with its own clock."""
+
+    def __init__(self, steps: int, work: float, clock, machine) -> None:
+        self.left, self.work, self.clock, self.machine = steps, work, clock, machine
+        self.stamps: list[float] = []
+
+    def step(self, source):
+        if self.left == 0:
+            return None
+        time.sleep(self.work * self.machine())
+        self.left -= 1
+        self.stamps.append(self.clock())
+        return []
+
+
+def drifting_machine(slow_s: float):
+    t0 = time.perf_counter()
+    return lambda: 3.0 if time.perf_counter() - t0 < slow_s else 1.0
+
+
+def test_decoders_in_turns_are_each_timed_only_while_they_run():
+    from evspark_cli.decode.batch import JobList
+    from evspark_cli.decode.interleave import interleave, timed_run
+
+    machine = lambda: 1.0  # noqa: E731
+    runs = [timed_run(lambda c: SleepyDecoder(20, 0.002, c, machine), JobList(iter([]))),
+            timed_run(lambda c: SleepyDecoder(5, 0.008, c, machine), JobList(iter([])))]
+    t0 = time.perf_counter()
+    interleave(runs, turn_s=0.01)
+    wall = time.perf_counter() - t0
+    assert all(r.done for r in runs)
+    assert sum(r.seconds for r in runs) <= wall * 1.01
+    for r in runs:  # its own steps' time, whatever the other one did meanwhile
+        assert 0.04 <= r.seconds < 0.04 + 0.03
+        stamps = r.decoder.stamps
+        assert stamps[-1] - stamps[0] <= r.seconds  # its clock stopped while it waited
+
+
+def test_decoders_in_turns_cancel_a_drifting_machine():
+    """Equal work on a machine 3x slower for its first 0.15 s: timed one after the other, the
+    first pass looks ~2x slower than the second; in turns both see the same machine."""
+    from evspark_cli.decode.batch import JobList
+    from evspark_cli.decode.interleave import interleave, timed_run
+
+    def pair(turns: bool) -> float:
+        machine = drifting_machine(0.15)
+        runs = [timed_run(lambda c: SleepyDecoder(40, 0.003, c, machine), JobList(iter([])))
+                for _ in range(2)]
+        if turns:
+            interleave(runs, turn_s=0.01)
+        else:
+            for r in runs:
+                interleave([r])
+        return runs[0].seconds / runs[1].seconds
+
+    assert pair(turns=False) > 1.6
+    assert 0.75 < pair(turns=True) < 1.33
+
+
+def test_compare_native_holds_two_batches_in_its_memory_plan(model, monkeypatch):
+    """--compare-native decodes a native and a speculative batch at once: the plan counts
+    both, halving the default batch a memory limit allows and naming the reason when a batch
+    size is refused."""
+    import evspark_cli as evs
+    from evspark_cli.errors import SettingError
+    from evspark_cli.generation.jobs import Record, build_jobs
+    from evspark_cli.generation.options import DecodeOptions
+    from evspark_cli.generation.plan import plan_batch
+    from evspark_cli.model.memory import process_bytes
+
+    m = evs.load_model(model)
+    opts = DecodeOptions(3000, samples=64)
+    jobs = build_jobs([Record.named("r", "ACGT" * 30, m.config.vocab_size)], opts)
+    monkeypatch.setenv("EVSPARK_MAX_MEMORY", str(process_bytes() + (40 << 20)))
+    one = plan_batch(m, jobs, opts, None, None)
+    two = plan_batch(m, jobs, opts, None, None, decoders=2)
+    assert 2 <= one < 32 and two in (one // 2, one // 2 - 1)
+    with pytest.raises(SettingError, match=r"a batch of \d+ rows \(twice: --compare-native "
+                                           r"holds a native and a speculative batch\)"):
+        plan_batch(m, jobs, opts, None, one, decoders=2)

@@ -67,6 +67,7 @@ class GenerationMeter:
         self.rows = self.accepted = 0
         self.last = clock()
         self.pass_index = 0
+        self.started: set[int] = set()  # the passes begun (their places in `passes`)
         self.pass_status = ""
         self.decoded = {True: [0, 0.0], False: [0, 0.0]}  # per mode: tokens, rounds' seconds
         self.mode = False  # the mode of the pass in progress (native?)
@@ -76,10 +77,16 @@ class GenerationMeter:
 
     # generation.run.RunObserver
     def pass_started(self, p: Pass) -> None:
-        self.pass_index += 1
+        """A pass begins, or takes its turn again (--compare-native's two passes alternate):
+        only a new pass's first round interval holds its decoder's setup."""
+        at = self._place(p)
+        first = at not in self.started
+        if first:
+            self.started.add(at)
+            self.pass_index += 1
         self.mode = p.native
         self.last = self.clock()
-        self.setup, self.prefill_s, self.current = True, 0.0, None
+        self.setup, self.prefill_s, self.current = first, 0.0, None
         self.pass_status = self._status(p)
         self.progress.update(status=self.pass_status)
 
@@ -213,7 +220,11 @@ class GenerationMeter:
         what = "native" if p.native else "speculative"
         if p.timing_only:
             what += " (timing repeat)"
-        return f"pass {self.pass_index}/{len(self.passes)} {what}"
+        return f"pass {self._place(p) + 1}/{len(self.passes)} {what}"
+
+    def _place(self, p: Pass) -> int:
+        """Where `p` is in the run's passes (the run makes equal ones: same jobs, same mode)."""
+        return next((i for i, q in enumerate(self.passes) if q == p), self.pass_index)
 
 
 def prefill_work(config: ModelConfig) -> Callable[[int], float]:

@@ -82,7 +82,8 @@ class BatchDecoder:
                  on_round: Callable[[RoundReport], None] | None = None,
                  capacity: int | None = None, adaptive: bool = False,
                  on_prefill: Callable[[Job, int, int], None] | None = None,
-                 tree_rows: int = 0, prompt_cache: PromptCache | None = None) -> None:
+                 tree_rows: int = 0, prompt_cache: PromptCache | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         """`capacity`: KV positions to reserve per row when the first batch is built (the run's
         longest prompt + new tokens + a block), so the caches never grow mid-run: the dense
         layout (kvcache.py) that recorded graphs replay and a GPU prefers, taken on a GPU or
@@ -96,7 +97,9 @@ class BatchDecoder:
         the batch has free rows and nothing is queued (0: none); greedy and coupled only, with
         the slicing rollback and a drafter that scores its paths. `prompt_cache`: prefilled
         prompts kept across records and decoders (a server's requests that repeat a prompt);
-        by default only a record's samples share its prefill."""
+        by default only a record's samples share its prefill. `clock`: the decoder's time
+        (rows' wall times and progress stamps), paused while other decoders take their turns
+        when several are timed side by side (`interleave.py`)."""
         if rollback not in ROLLBACKS:
             raise InputError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
         if batch_size < 1:
@@ -109,6 +112,7 @@ class BatchDecoder:
         self.capacity = capacity if self.dense else None
         self.on_round = on_round
         self.on_prefill = on_prefill
+        self.clock = clock
         self.mode = "speculative" if drafter is not None else "native"
         self.on_gpu = model.device.type != "cpu"
         self.prefix = drafter.prefix_len if drafter is not None else 0
@@ -135,14 +139,13 @@ class BatchDecoder:
     # ------------------------------------------------------------------ the run
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
         """Yield each job's outcome as it finishes (completion order, not input order)."""
-        yield from self.run_from(_Peekable(iter(jobs)))
+        yield from self.run_from(JobList(iter(jobs)))
 
     def run_from(self, source: JobSource) -> Iterator[Outcome]:
         """`run` over a job source that may grow while the run goes (a server's queue): the
         run ends when no row is live and the source has nothing queued."""
         while (done := self.step(source)) is not None:
             yield from done
-        self._shared = None
 
     @torch.inference_mode()
     def step(self, source: JobSource) -> list[Outcome] | None:
@@ -162,7 +165,10 @@ class BatchDecoder:
         if len(self.rows) < self.batch_size and source.peek() is not None:
             out += self._fill(source, free=range(len(self.rows), self.batch_size))[0]
         if not self.rows:
-            return out if out or source.peek() is not None else None
+            if out or source.peek() is not None:
+                return out
+            self._shared = None  # the run is over: its last prefill can go
+            return None
         if self.tree_rows and not self.branch_of and source.peek() is None:
             self._branch()  # free rows nobody queued for: token trees
         done, self._finished = self._round()
@@ -194,7 +200,7 @@ class BatchDecoder:
         their slots."""
         model, state, rows = self.model, self.state, self.rows
         assert state is not None
-        t0 = time.perf_counter()
+        t0 = self.clock()
         B = len(rows)
         gammas = [largest_draft(self.gamma, r.remaining) for r in rows]
         G = max(gammas)
@@ -214,13 +220,13 @@ class BatchDecoder:
         if self.branch_of:  # branch rows: alternative drafts (the live row's, when none)
             fed = torch.cat([fed, self._branch_drafts(prop, fed, gammas)])
             ids = torch.cat([ids[owner, :1], fed], dim=1)
-        t1 = time.perf_counter()
+        t1 = self.clock()
         if self.on_gpu:
             ids = ids.to(model.device)
         snapshot = state.clone() if self.rollback == "replay" else None
-        t_block = time.perf_counter()
+        t_block = self.clock()
         logits, hidden, block = model.extend(state, ids)
-        t_block = time.perf_counter() - t_block  # (on a GPU: the launch; the sum syncs below)
+        t_block = self.clock() - t_block  # (on a GPU: the launch; the sum syncs below)
         N, k, V = logits.shape
         p = sampler_probs(logits.reshape(N * k, V), self.sampler).view(N, k, V)
         pos = state.lengths  # row b's anchor sits at pos[b]; its draft j at pos[b] + j
@@ -241,7 +247,7 @@ class BatchDecoder:
             margins = gaps if self.sampler.coupled and not self.sampler.greedy else \
                 self._margins(logits[:B])
         counts = [x + 1 for x in m]
-        t_commit = time.perf_counter()
+        t_commit = self.clock()
         if snapshot is not None:
             self.state = model.extend(snapshot, ids[:, : max(counts)])[2].commit(counts)
         elif self.branch_of:  # every row of a job takes its winning row's tokens
@@ -249,12 +255,12 @@ class BatchDecoder:
             self.state = block.commit([counts[o] for o in owner], source)
         else:
             self.state = block.commit(counts if prop is not None else 1)
-        t2 = time.perf_counter()
+        t2 = self.clock()
         if self.sizer is not None and prop is not None:
             per_row: list[list[int]] = [[x] for x in m_all[:B]]
             for t, o in enumerate(self.branch_of):
                 per_row[o].append(m_all[B + t])
-            self.sizer.observe(per_row, k, time.perf_counter() - t0)
+            self.sizer.observe(per_row, k, self.clock() - t0)
         if self.schedule is not None and prop is not None:
             self.schedule.observe(gammas, m_all[:B])  # the live rows' own drafts
         if self.draft is not None:
@@ -294,15 +300,15 @@ class BatchDecoder:
             res.progress.append((len(res.tokens), t2 - r.t_start))
             if r.remaining <= 0:
                 finished.append(b)
-                res.wall_s = time.perf_counter() - r.t_start
+                res.wall_s = self.clock() - r.t_start
                 done.append(Outcome(r.job, result=res))
-        spent = time.perf_counter() - t0
+        spent = self.clock() - t0
         for r in rows:
             r.result.decode_s += spent / B
         if self.on_round is not None:
             self.on_round(RoundReport(emitted, B, sum(m), sum(gammas), spent))
         if self.schedule is not None and prop is not None:
-            self.schedule.note_round(N, k, time.perf_counter() - t0, t_block + t2 - t_commit)
+            self.schedule.note_round(N, k, self.clock() - t0, t_block + t2 - t_commit)
         return done, finished
 
     def _winners(self, m_all: list[int], B: int) -> list[int]:
@@ -461,7 +467,7 @@ class BatchDecoder:
             group = [first]
             while len(group) < len(free) and _same_prompt(queue.peek(), first):
                 group.append(queue.next())
-            t_start = time.perf_counter()
+            t_start = self.clock()
             try:
                 pre = self._prefilled(first)
             except Exception as exc:  # noqa: BLE001 - one bad record must not sink the rest
@@ -566,7 +572,7 @@ def _same_prompt(job: Job | None, first: Job) -> bool:
 
 class JobSource(Protocol):
     """Where a decoder takes its jobs from, one job of look-ahead: a run's job list
-    (`_Peekable`) or a server's queue, which may be empty now and hold jobs later."""
+    (`JobList`) or a server's queue, which may be empty now and hold jobs later."""
 
     def peek(self) -> Job | None:
         """The next job, without taking it; None when none is queued now."""
@@ -575,7 +581,7 @@ class JobSource(Protocol):
         """Take the next job (after `peek` returned it)."""
 
 
-class _Peekable:
+class JobList:
     """An iterator with one job of look-ahead (jobs are pulled lazily: a run may be huge)."""
 
     def __init__(self, it: Iterator[Job]) -> None:

@@ -397,9 +397,9 @@ def context_sweep(model: StripedHyena, drafter: Any, cfg: BenchConfig,
             pf: Prefilled = prefill_prompt(model, ids, reserve, prefix)
             rss = peak_rss_mib()
             key = RngKey(5, L, 0)
-            nat = decode_native(model, ids, cfg.context_tokens, SAMPLED, key, prefilled=pf)
-            spec = decode_speculative(model, ids, cfg.context_tokens, SAMPLED, drafter, cfg.gamma,
-                                      key, "slice", f"ctx{L}", prefilled=pf)
+            _, _, nat, spec = next(side_by_side(
+                model, Prompt(f"ctx{L}", "", genome[:L], cfg.context_source), cfg.context_tokens,
+                SAMPLED, key, {"d": drafter}, cfg.gamma, prefilled=pf))
         except (MemoryError, RuntimeError) as e:
             if not _out_of_memory(e):
                 raise

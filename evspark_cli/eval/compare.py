@@ -10,11 +10,12 @@ from typing import Any
 
 import torch
 
+from ..decode.batch import BatchDecoder, JobList
 from ..decode.drafters.base import Drafter, RngKey
-from ..decode.jobs import DecodeResult
-from ..decode.native import decode_native
+from ..decode.interleave import TimedRun, interleave, timed_run
+from ..decode.jobs import DecodeResult, Job, largest_draft
+from ..decode.prefill import Prefilled
 from ..decode.sampling import SamplerConfig
-from ..decode.speculative import decode_speculative
 from ..generation.results import speedup
 from ..io.types import Prompt
 from ..model.model import StripedHyena
@@ -30,22 +31,51 @@ def default_tie_tolerance(dtype: torch.dtype) -> float:
 def side_by_side(model: StripedHyena, prompt: Prompt, new_tokens: int, sampler: SamplerConfig,
                  key: RngKey, drafters: Mapping[str, Drafter], gamma: int,
                  rollbacks: Callable[[str], Sequence[str]] = lambda name: ("slice",),
-                 track_margins: bool = False, adaptive: bool = False
+                 track_margins: bool = False, adaptive: bool = False,
+                 prefilled: Prefilled | None = None
                  ) -> Iterator[tuple[str, str, DecodeResult, DecodeResult]]:
-    """Decode `prompt` natively once, then with each drafter (and each of its rollbacks) right
-    after it, from the same random key: yields (drafter name, rollback, native, speculative).
+    """Decode `prompt` natively and with each drafter (and each of its rollbacks) from the same
+    random key, all at once in turns (decode/interleave.py): yields (drafter name, rollback,
+    native, speculative). `prefilled`: every decoder starts from a copy of this prefill of the
+    prompt (its time then counted by none of them).
 
-    Each speculative run is compared with the native run of the same prompt measured moments
-    before it, warm, in the same process: a speedup is always a ratio measured side by side.
+    Each result's `wall_s` is its decoder's own time (prefill included), measured while the
+    others waited, so every speedup is a ratio of runs that saw the same machine.
     """
-    ids = list(prompt.seq.encode())
-    nat = decode_native(model, ids, new_tokens, sampler, key, prompt.id,
-                        track_margins=track_margins)
-    for name, d in drafters.items():
-        for rb in rollbacks(name):
-            spec = decode_speculative(model, ids, new_tokens, sampler, d, gamma, key, rb,
-                                      prompt.id, adaptive=adaptive)
-            yield name, rb, nat, spec
+    job = Job(0, tuple(prompt.seq.encode()), new_tokens, key, prompt.id)
+    ways = [(name, rb, d) for name, d in drafters.items() for rb in rollbacks(name)]
+
+    def started(dec: BatchDecoder) -> BatchDecoder:
+        if prefilled is not None:
+            dec.share_prefill(job, prefilled)
+        return dec
+
+    def native(clock: Callable[[], float]) -> BatchDecoder:
+        return started(BatchDecoder(model, sampler, None, 0, track_margins=track_margins,
+                                    clock=clock))
+
+    def drafting(d: Drafter, rb: str) -> Callable[[Callable[[], float]], BatchDecoder]:
+        # the drafts a round can use, not a gamma past the tokens asked (the schedule's size)
+        return lambda clock: started(BatchDecoder(
+            model, sampler, d, largest_draft(gamma, new_tokens), rollback=rb, adaptive=adaptive,
+            clock=clock))
+
+    runs = [timed_run(native, JobList(iter([job])))] + [
+        timed_run(drafting(d, rb), JobList(iter([job]))) for _, rb, d in ways]
+    interleave(runs)
+    results = [_result(r) for r in runs]
+    for (name, rb, _), spec in zip(ways, results[1:]):
+        yield name, rb, results[0], spec
+
+
+def _result(run: TimedRun) -> DecodeResult:
+    """The one job's result (its error raised), its wall time the decoder's own seconds."""
+    outcome = run.outcomes[0]
+    if outcome.error is not None:
+        raise outcome.error
+    assert outcome.result is not None
+    outcome.result.wall_s = run.seconds
+    return outcome.result
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

@@ -35,26 +35,29 @@ def model_and_drafter(model_dir: str | Path | None, prompts: Sequence[Prompt],
 
 def plan_batch(model: StripedHyena, jobs: Sequence[Job], options: DecodeOptions,
                drafter: Drafter | None, batch_size: int | None,
-               max_memory: str | int | None = None) -> int:
+               max_memory: str | int | None = None, decoders: int = 1) -> int:
     """The batch size of a run: `batch_size`, or the device's default when None; either way one
     whose state fits in the memory available at the run's longest context (a default shrinks to
     fit; a batch size the user asked for that does not fit is refused, naming the largest that
-    does)."""
+    does). `decoders`: how many such batches are held at once (2 with compare_native, whose
+    native and speculative passes run in turns)."""
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                    or batch_size < 1):
         raise SettingError.of("batch_size", f"must be an integer >= 1, got {batch_size!r}")
     want = batch_size or default_batch_size(model.device)
     rows = max(1, min(want, len(jobs) * (1 + options.tree_rows)))  # branch rows: free rows
     context, block, needs = memory_inputs(model, jobs, options, drafter)
+    if needs is not None:
+        needs = needs * decoders
     weights = next(model.parameters()).dtype
     loaded = sum(p.numel() * p.element_size() for p in model.parameters())
     budget = run_budget(model.device, max_memory, loaded)
     if batch_size is None and budget.bytes is not None:
         fits = largest_batch(model.config, weights, weights, context, block, budget.bytes,
-                             needs=needs, chunk=model.prefill_chunk())
+                             needs=needs, chunk=model.prefill_chunk()) // decoders
         rows = max(1, min(rows, fits))
     check_batch_fits(model.config, weights, weights, rows, context, block, budget, needs=needs,
-                     chunk=model.prefill_chunk())
+                     chunk=model.prefill_chunk(), decoders=decoders)
     return rows
 
 

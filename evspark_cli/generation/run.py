@@ -5,22 +5,24 @@ and finishes them in any order; the run hands each outcome back in the order of 
 its stats row. A batch size changes speed, not output: the same seed writes the same tokens with
 any batch size (docs/batching.md says when a last-place float difference can change one).
 
-With `compare_native`, each slice of jobs (one batch's worth) is decoded natively with the same
-batch size right before it is decoded speculatively, so every speedup is a ratio of two runs
-measured moments apart in the same process; a run of fewer than COMPARE_PAIRS slices repeats
-slices (timing only) until that many pairs are timed.
+With `compare_native`, each slice of jobs (one batch's worth) is decoded natively and
+speculatively at once, with the same batch size, the two decoders taking turns of a few tens of
+milliseconds (decode/interleave.py): every speedup is a ratio of two runs that saw the same
+machine. A run of fewer than COMPARE_PAIRS slices repeats slices (timing only) until that many
+pairs are timed.
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..decode.batch import BatchDecoder
+from ..decode.batch import BatchDecoder, JobList
 from ..decode.drafters.base import Drafter
 from ..decode.drafters.registry import drafter_name
-from ..decode.jobs import DecodeResult, Job, RoundReport
+from ..decode.interleave import interleave, timed_run
+from ..decode.jobs import DecodeResult, Job, Outcome, RoundReport
 from ..model.config import ModelConfig
 from ..model.model import StripedHyena
 from ..model.tokenizer import detokenize
@@ -130,7 +132,9 @@ class RunObserver(Protocol):
     """What a progress display is told while a run goes (all calls come from the run's thread)."""
 
     def pass_started(self, p: Pass) -> None:
-        """A pass begins (its jobs' prompts are prefilled as rows free up)."""
+        """A pass begins (its jobs' prompts are prefilled as rows free up), or takes its turn
+        again: with compare_native a native pass and its speculative twin run in turns, and
+        this is told at every turn."""
 
     def job_started(self, job: Job, p: Pass) -> None:
         """The decoder took `job`: its prompt is prefilled (or forked from its record's
@@ -205,8 +209,9 @@ class GenerationRun:
     def plan(self, jobs: Sequence[Job], batch_size: int | None, max_memory: str | None) -> None:
         """The batch size for `jobs`: `batch_size` or the device's default, one whose state
         fits in memory (plan.plan_batch)."""
+        paired = self.compare_native and self.drafter is not None
         self.batch_size = plan_batch(self.model, jobs, self.options, self.drafter, batch_size,
-                                     max_memory)
+                                     max_memory, decoders=2 if paired else 1)
 
     def lowered_from(self, jobs: Sequence[Job]) -> int | None:
         wanted = min(default_batch_size(self.model.device), len(jobs))
@@ -237,17 +242,18 @@ class GenerationRun:
         self.waiting = {}
         order = {j.index: k for k, j in enumerate(jobs)}
         next_place = 0
-        native: dict[int, DecodeResult] = {}
-        for p in self.passes(jobs):
-            if self.observer is not None:
-                self.observer.pass_started(p)
-            if p.pair >= len(self.summary.pairs) and self.compare_native and \
-                    self.drafter is not None:
+        todo = iter(self.passes(jobs))
+        for p in todo:
+            if p.native:  # compare_native: the slice natively and speculatively, in turns
+                twin = next(todo)
                 self.summary.pairs.append(PairTiming())
-            if p.native:
-                native = self._native(p)
-                continue
-            for o in self._decode(p, self.drafter, native):
+                done: Iterable[JobOutcome] = self._pair(p, twin)
+                p = twin
+            else:
+                if self.observer is not None:
+                    self.observer.pass_started(p)
+                done = self._decode(p)
+            for o in done:
                 if p.timing_only:
                     continue
                 self.waiting[order[o.job.index]] = o
@@ -295,37 +301,67 @@ class GenerationRun:
 
         return hook
 
-    def _native(self, p: Pass) -> dict[int, DecodeResult]:
-        """The slice decoded natively (same batch size): job index -> result."""
+    def _decoder(self, p: Pass, drafter: Drafter | None, clock: Callable[[], float]
+                 ) -> BatchDecoder:
+        """The decoder of a pass: natively (no drafter) or with `drafter`, at the run's batch
+        size; `clock` its own time (interleave.py)."""
+        opts = self.options
+        # the drafts a round can use (not a --gamma past the tokens asked: the schedule's
+        # cost table and calibration are sized by it)
+        if drafter is None:
+            return BatchDecoder(self.model, opts.sampler, None, 0, self.batch_size,
+                                on_round=self._rounds(p, None), on_prefill=self._prefills(p),
+                                clock=clock)
+        return BatchDecoder(self.model, opts.sampler, drafter, opts.largest_draft,
+                            self.batch_size, opts.rollback, adaptive=opts.adaptive,
+                            on_round=self._rounds(p, None if p.timing_only else self.on_round),
+                            capacity=opts.row_capacity(max(len(j.prompt) for j in p.jobs)),
+                            on_prefill=self._prefills(p), tree_rows=opts.tree_rows, clock=clock)
+
+    def _pair(self, nat: Pass, spec: Pass) -> list[JobOutcome]:
+        """A slice decoded natively and speculatively at once, in turns (interleave.py): the
+        speculative pass's outcomes, each stats row carrying the pair's speedup."""
+        assert self.drafter is not None
+        passes = (nat, spec)
+        runs = [timed_run(lambda c, p=p, d=d: self._decoder(p, d, c), JobList(self._feed(p)))
+                for p, d in ((nat, None), (spec, self.drafter))]
+
+        def on_turn(i: int) -> None:
+            if self.observer is not None:
+                self.observer.pass_started(passes[i])
+
+        interleave(runs, on_turn=on_turn)
+        native = {o.job.index: o.result for o in runs[0].outcomes if o.result is not None}
+        pair = self.summary.pairs[nat.pair]
+        pair.native_s = runs[0].seconds
+        pair.native_tokens = sum(len(r.tokens) for r in native.values())
+        if not nat.timing_only:
+            self.summary.native_seconds += pair.native_s
+            self.summary.native_tokens += pair.native_tokens
+        # a timing-only repeat counts in its pair, not in the run's totals
+        summary = self.summary if not spec.timing_only else RunSummary()
+        for o in runs[1].outcomes:
+            pair.spec_tokens += _count(summary, o)
+        summary.seconds += runs[1].seconds
+        pair.spec_s = runs[1].seconds
+        return [self._outcome(o.job, o.result, o.error, self.drafter, native.get(o.job.index),
+                              pair.ratio) for o in runs[1].outcomes]
+
+    def _decode(self, p: Pass) -> Iterator[JobOutcome]:
+        """The pass decoded (with the run's drafter, or natively without one), its outcomes as
+        the decoder finishes them; its decoding time (not the caller's time between them)
+        counted in the summary."""
+        dec = self._decoder(p, self.drafter, time.perf_counter)
+        away = 0.0
         t0 = time.perf_counter()
-        dec = BatchDecoder(self.model, self.options.sampler, None, 0, self.batch_size,
-                           on_round=self._rounds(p, None), on_prefill=self._prefills(p))
-        got = {o.job.index: o.result for o in dec.run(self._feed(p)) if o.result is not None}
-        seconds = time.perf_counter() - t0
-        tokens = sum(len(r.tokens) for r in got.values())
-        pair = self.summary.pairs[p.pair]
-        pair.native_s, pair.native_tokens = seconds, tokens
-        if not p.timing_only:
-            self.summary.native_seconds += seconds
-            self.summary.native_tokens += tokens
-        return got
-
-    def _decode(self, p: Pass, drafter: Drafter | None,
-                native: dict[int, DecodeResult]) -> Iterator[JobOutcome]:
-        """The pass decoded with `drafter`. A pass with a native twin hands its outcomes back
-        when it ends, each stats row carrying the pair's speedup (`results.speedup`)."""
-        if native:
-            yield from self._compared(p, drafter, native)
-            return
-        for job, res, error in self._timed(p, drafter):
-            yield self._outcome(job, res, error, drafter, None, None)
-
-    def _compared(self, p: Pass, drafter: Drafter | None,
-                  native: dict[int, DecodeResult]) -> Iterator[JobOutcome]:
-        done = list(self._timed(p, drafter))
-        ratio = self.summary.pairs[p.pair].ratio if p.pair < len(self.summary.pairs) else None
-        for job, res, error in done:
-            yield self._outcome(job, res, error, drafter, native.get(job.index), ratio)
+        try:
+            for o in dec.run(self._feed(p)):
+                _count(self.summary, o)
+                t_out = time.perf_counter()
+                yield self._outcome(o.job, o.result, o.error, self.drafter, None, None)
+                away += time.perf_counter() - t_out
+        finally:  # decoding only, not the caller's writes
+            self.summary.seconds += time.perf_counter() - t0 - away
 
     def _outcome(self, job: Job, res: DecodeResult | None, error: Exception | None,
                  drafter: Drafter | None, nat: DecodeResult | None,
@@ -338,41 +374,18 @@ class GenerationRun:
         return JobOutcome(job, GenerateOutput(res.tokens, detokenize(res.tokens), stats, res,
                                               nat))
 
-    def _timed(self, p: Pass, drafter: Drafter | None
-               ) -> Iterator[tuple[Job, DecodeResult | None, Exception | None]]:
-        """The pass's results as the decoder finishes them, its decoding time (not the
-        caller's time between them) counted in the summary and in its pair."""
-        opts = self.options
-        # the drafts a round can use (not a --gamma past the tokens asked: the schedule's
-        # cost table and calibration are sized by it)
-        dec = BatchDecoder(self.model, opts.sampler, drafter, opts.largest_draft,
-                           self.batch_size, opts.rollback, adaptive=opts.adaptive,
-                           on_round=self._rounds(p, None if p.timing_only else self.on_round),
-                           capacity=opts.row_capacity(max(len(j.prompt) for j in p.jobs)),
-                           on_prefill=self._prefills(p), tree_rows=opts.tree_rows)
-        # a timing-only repeat counts in its pair, not in the run's totals
-        summary = self.summary if not p.timing_only else RunSummary()
-        tokens, away = 0, 0.0
-        t0 = time.perf_counter()
-        try:
-            for o in dec.run(self._feed(p)):
-                summary.jobs += 1
-                res = o.result
-                if res is None:
-                    summary.failed += 1
-                else:
-                    tokens += len(res.tokens)
-                    summary.tokens += len(res.tokens)
-                    summary.rounds += res.rounds
-                    summary.accepted += sum(res.accepted)
-                    summary.decode_seconds += res.decode_s
-                    summary.prefill_seconds += res.prefill_s
-                t_out = time.perf_counter()
-                yield o.job, res, o.error
-                away += time.perf_counter() - t_out
-        finally:
-            seconds = time.perf_counter() - t0 - away  # decoding only, not the caller's writes
-            summary.seconds += seconds
-            if p.pair < len(self.summary.pairs):
-                pair = self.summary.pairs[p.pair]
-                pair.spec_s, pair.spec_tokens = seconds, tokens
+
+
+def _count(summary: RunSummary, o: Outcome) -> int:
+    """Add a finished job to `summary`: its tokens (returned), rounds and times."""
+    summary.jobs += 1
+    res = o.result
+    if res is None:
+        summary.failed += 1
+        return 0
+    summary.tokens += len(res.tokens)
+    summary.rounds += res.rounds
+    summary.accepted += sum(res.accepted)
+    summary.decode_seconds += res.decode_s
+    summary.prefill_seconds += res.prefill_s
+    return len(res.tokens)

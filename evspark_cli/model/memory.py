@@ -381,27 +381,30 @@ def gib(n: int) -> str:
 def check_batch_fits(cfg: ModelConfig, weight_dtype: torch.dtype, act_dtype: torch.dtype,
                      rows: int, context: int, block: int, budget: int | Budget | None,
                      loaded: bool = True, needs: Sequence[int] | None = None,
-                     chunk: int | None = None) -> None:
+                     chunk: int | None = None, decoders: int = 1) -> None:
     """Refuse (InputError, one line) a batch whose state at `context` would not fit in `budget`
     (bytes, or a `Budget` that names its limit), naming the largest batch that fits. `loaded`:
     the parameters are already in memory (and so already out of `budget`). `needs`: each job's
-    KV positions, for rows in the class layout (`RunMemory`); `chunk`: the prefill chunk."""
+    KV positions, for rows in the class layout (`RunMemory`), `decoders` times over when that
+    many decoders hold such a batch at once; `chunk`: the prefill chunk."""
     if not isinstance(budget, Budget):
         budget = Budget(budget)
     if budget.bytes is None:
         return
-    est = run_memory(cfg, weight_dtype, act_dtype, context, block, rows,
+    est = run_memory(cfg, weight_dtype, act_dtype, context, block, rows * decoders,
                      with_parameters=not loaded, needs=needs, chunk=chunk)
-    need = est.total(rows)
+    need = est.total(rows * decoders)
     if need <= budget.bytes:
         return
     fits = largest_batch(cfg, weight_dtype, act_dtype, context, block, budget.bytes, loaded,
-                         needs, chunk)
+                         needs, chunk) // decoders
     hint = (f"the largest batch that fits is {fits} ({{1}} {fits})" if fits
             else "not even one row fits: use a shorter {2} or fewer tokens")
     limit = "is available" if budget.source == "available memory" else f"({budget.named(0)})"
-    raise SettingError(f"a batch of {rows} rows at a context of {context:,} tokens needs about "
-                       f"{gib(need)} of memory, {gib(budget.bytes)} {limit}; {hint}",
+    held = " (twice: --compare-native holds a native and a speculative batch)" \
+        if decoders == 2 else ""
+    raise SettingError(f"a batch of {rows} rows{held} at a context of {context:,} tokens needs "
+                       f"about {gib(need)} of memory, {gib(budget.bytes)} {limit}; {hint}",
                        MAX_MEMORY, "batch_size", "prompt_tail")
 
 
