@@ -1,9 +1,9 @@
 """Decoders timed side by side, in turns: how every speedup is measured.
 
-The machine a speedup is measured on does not run at one speed. On the 2-core CPU this project is
-developed on, the same native decode step takes 2.7 ms for a few seconds and 5.7 ms for the
-next few (`benchmarks/results/timing_noise.json`), so a native pass timed before a speculative
-pass of the same jobs can be 1.7x slower or faster than it for no reason in the passes.
+The machine a speedup is measured on does not run at one speed: on a shared VM the same native
+decode step's time drifts from one second to the next (`benchmarks/results/timing_noise.json`),
+so a native pass timed before a speculative pass of the same jobs is slower or faster than it
+for reasons that are not in the passes.
 Decoders that are compared therefore run at once, taking turns of `TURN_S` seconds, a whole
 `BatchDecoder.step` (a prefill or a round) at a time; each is timed only while it runs, and its
 rows' wall times and progress stamps come from a clock that stops while the others run
