@@ -138,3 +138,26 @@ def test_a_class_layout_batch_is_not_the_whole_batch_estimate_twice():
     cache = KVCache.cat([(_row_cache(n, 7, i), [0], (7,)) for i, n in enumerate(needs)])
     held, growth = class_layout_bytes(needs, cache.bytes_per_position(), uniform=True)
     assert (held, growth) == (cache.nbytes(), 0)
+
+
+def test_rows_in_batch_order_are_read_and_written_as_views():
+    """A class-layout batch whose rows sit in one shelf in batch order attends and writes as
+    the dense layout does (no index tensor: a decode step must not gather its rows); a run of
+    batch rows in another shelf is a slice; only rows out of order need an index."""
+    same = KVCache.cat([(_row_cache(300, 100, i), [0], (100,)) for i in range(3)])
+    assert not same.dense and len(same.shelves) == 1
+    assert same._by_shelf((100, 100, 100))[0][1] is None
+    calls = same.calls((100, 100, 100), 1)
+    assert len(calls) == 1 and calls[0].rows == slice(0, 3)
+    mixed = KVCache.cat([(_row_cache(n, 100, i), [0], (100,))
+                         for i, n in enumerate([300, 300, 5000, 5000, 300])])
+    by = {s.size: rows for s, rows, _ in mixed._by_shelf((100,) * 5)}
+    assert by[8192] == slice(2, 4)
+    assert torch.equal(by[1024], torch.tensor([0, 1, 4]))
+    # a write through the slice and the index puts each row's keys in its own place
+    g = torch.Generator().manual_seed(9)
+    k, v = torch.randn(5, H, 1, DH, generator=g), torch.randn(5, H, 1, DH, generator=g)
+    mixed.write((100,) * 5, k, v)
+    for b in range(5):
+        assert torch.equal(mixed.row(b)[0][:, 100], k[b, :, 0])
+        assert torch.equal(mixed.row(b)[1][:, 100], v[b, :, 0])

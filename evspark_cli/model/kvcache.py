@@ -135,6 +135,15 @@ class Shelf:
         return moved
 
 
+def _run_or_index(rows: list[int], device: torch.device) -> Union[slice, Tensor]:
+    """Batch rows in slot order as a slice when they are a run (first, first + 1, ...), else
+    as an index tensor."""
+    first = rows[0]
+    if rows[-1] - first == len(rows) - 1 and rows == list(range(first, first + len(rows))):
+        return slice(first, first + len(rows))
+    return row_index(rows, device)
+
+
 @dataclass(frozen=True)
 class AttentionCall:
     """Rows that attend in one call: `rows` (a slice or an index of batch rows), their keys
@@ -261,7 +270,12 @@ class KVCache:
         self.fit(tuple(t + n for t in t0))
         for shelf, rows, ts in self._by_shelf(t0):
             m = len(ts)
-            ks, vs = (k, v) if rows is None else (k.index_select(0, rows), v.index_select(0, rows))
+            if rows is None:
+                ks, vs = k, v
+            elif isinstance(rows, slice):  # a run of batch rows: a view, no gather
+                ks, vs = k[rows], v[rows]
+            else:
+                ks, vs = k.index_select(0, rows), v.index_select(0, rows)
             K, V = shelf.k[:m], shelf.v[:m]
             if same_position(ts):
                 K[:, :, ts[0]: ts[0] + n] = ks
@@ -282,18 +296,26 @@ class KVCache:
         for shelf, rows, ts in self._by_shelf(t0):
             for start, end in attention_groups(ts):
                 hi = max(ts[start:end]) + n
-                which: Union[slice, Tensor] = slice(start, end) if rows is None else \
-                    rows[start:end]
+                which: Union[slice, Tensor] = (
+                    slice(start, end) if rows is None
+                    else slice(rows.start + start, rows.start + end) if isinstance(rows, slice)
+                    else rows[start:end])
                 out.append(AttentionCall(which, shelf.k[start:end, :, :hi],
                                          shelf.v[start:end, :, :hi], ts[start:end]))
         return out
 
-    def _by_shelf(self, t0: Lengths) -> list[tuple[Shelf, Tensor | None, Lengths]]:
-        """Each shelf's live rows (None: every row in batch order) and their positions."""
+    def _by_shelf(self, t0: Lengths
+                  ) -> list[tuple[Shelf, Union[slice, Tensor, None], Lengths]]:
+        """Each shelf's live rows (None: every row in batch order; a slice: a run of batch
+        rows in slot order, e.g. a batch whose rows share one size class, which then reads and
+        writes its rows as views instead of gathering them every step) and their positions."""
         if self.dense:
             return [(self.shelves[0], None, t0)]
-        return [(s, row_index(s.rows, self.device), tuple(t0[b] for b in s.rows))
-                for s in self.shelves if s.rows]
+        live = [s for s in self.shelves if s.rows]
+        if len(live) == 1 and live[0].rows == list(range(len(t0))):  # every row, in order
+            return [(live[0], None, t0)]
+        return [(s, _run_or_index(s.rows, self.device), tuple(t0[b] for b in s.rows))
+                for s in live]
 
     def copy_block(self, source: Sequence[int], t0: Lengths, n: Lengths) -> int:
         """Row b's positions t0[b]..t0[b]+n[b]-1 become row source[b]'s (rows at one position:
