@@ -10,7 +10,8 @@ Four measurements, each side by side in one run on this machine:
    batch size swept, so that every batch runs full and none is capped by a short slice;
 2. the workload (48 shared prompts x 8 samples x 512 new tokens, sampled T=1 top-k 4) at one
    batch size: batched speculative vs single-stream native and vs batched native, the modes
-   interleaved slice by slice (eval/throughput.py);
+   interleaved slice by slice, a batch size's native and speculative decoders in turns
+   (eval/throughput.py);
 3. `--samples 8` from one long prompt (65,536 bases cut from a genome): the whole
    `evspark generate` command, batched, against 8 separate single-stream native commands;
 4. peak memory (max RSS of a whole `evspark generate` process) at the default batch for

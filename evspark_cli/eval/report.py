@@ -46,7 +46,8 @@ def throughput_table(t: dict[str, Any], mixed: bool = False) -> list[str]:
     L = ["", "## Throughput on mixed prompt lengths" if mixed else
          "## Throughput (batched decoding)", "",
          f"{what} (sampled, T=1, top-k 4, gamma {c['gamma']}); every mode on the same jobs, "
-         f"the modes interleaved slice by slice in one process; prefills included. Headline batch "
+         f"the modes interleaved slice by slice in one process, a batch size's native and "
+         f"speculative decoders in turns; prefills included. Headline batch "
          f"size: {t.get('headline_batch_size')}.", "",
          "Ratios are against native decoding under the same rule; under `coupled` every "
          "speculative job is also compared with native sampling at batch 1.", "",

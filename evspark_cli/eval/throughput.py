@@ -2,8 +2,9 @@
 
 The workload is records x samples jobs (a record's samples share one prefill). Every mode runs
 on the same jobs, and the modes are interleaved slice by slice in one process (a slice = a few
-records with all their samples), so every ratio is measured side by side on the same machine
-state. Each mode's time is the wall time of its decoder runs, prefills included.
+records with all their samples); within a slice, a batch size's native and speculative decoders
+run at once in turns (decode/interleave.py), so every ratio is measured side by side on the
+same machine state. Each mode's time is its decoder's own time, prefills included.
 
 Two workloads: the prompt suite (prompts of similar length, `--throughput-samples` each) and,
 with `mixed`, prompts of lengths spread over 64..16,384 bases with 1-4 samples each, cut from a
@@ -21,12 +22,12 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from ..decode.batch import BatchDecoder
+from ..decode.batch import BatchDecoder, JobList
 from ..decode.drafters.base import Drafter
+from ..decode.interleave import interleave, timed_run
 from ..decode.jobs import Job
 from ..decode.sampling import SamplerConfig
 from ..generation.jobs import Record, build_jobs
@@ -110,6 +111,17 @@ def _modes(cfg: ThroughputConfig, drafter: Drafter | None
     return modes
 
 
+def _paired(modes: list[tuple[str, Drafter | None, int, str]]
+            ) -> list[list[tuple[str, Drafter | None, int, str]]]:
+    """The modes grouped by (batch size, rule), in order: each group's decoders (native and
+    speculative) run in turns. Groups, not every mode at once: a group holds at most two
+    batches in memory, as `generate --compare-native` does."""
+    groups: dict[tuple[int, str], list[tuple[str, Drafter | None, int, str]]] = {}
+    for m in modes:
+        groups.setdefault((m[2], m[3]), []).append(m)
+    return list(groups.values())
+
+
 def throughput_options(cfg: ThroughputConfig, sampler: SamplerConfig = SAMPLED
                        ) -> DecodeOptions:
     return DecodeOptions(cfg.new_tokens, cfg.gamma, sampler.temperature, sampler.top_k,
@@ -133,7 +145,9 @@ def measure_throughput(model: StripedHyena, prompts: list[Prompt], drafter: Draf
                        sampler: SamplerConfig = SAMPLED, jobs: list[Job] | None = None
                        ) -> dict[str, Any]:
     """Tokens/s of every (decoder, batch size, rule) on records x samples jobs (or `jobs`, e.g.
-    `mixed_workload`'s), interleaved; `sampler` gives the temperature, top-k and top-p, each
+    `mixed_workload`'s), slice by slice; within a slice the native and speculative decoders of
+    one batch size and rule run at once, in turns (decode/interleave.py), so their ratio is
+    measured on one machine state. `sampler` gives the temperature, top-k and top-p, each
     rule of `cfg.rules` its rule."""
     if jobs is None:
         vocab = model.config.vocab_size
@@ -149,20 +163,22 @@ def measure_throughput(model: StripedHyena, prompts: list[Prompt], drafter: Draf
     outputs: dict[str, dict[int, list[int]]] = {name: {} for name, *_ in modes}
     failed: dict[str, int] = {name: 0 for name, *_ in modes}
     for i, part in enumerate(slices):
-        for name, d, b, rule in modes:
-            gamma = cfg.gamma if d is not None else 0
-            ruled = replace(sampler, rule=rule)
-            t0 = time.perf_counter()
-            for o in BatchDecoder(model, ruled, d, gamma, batch_size=b).run(part):
-                if o.result is None:
-                    failed[name] += 1
-                    continue
-                outputs[name][o.job.index] = o.result.tokens
-                tokens[name] += len(o.result.tokens)
-                rounds[name][0] += len(o.result.tokens)
-                rounds[name][1] += o.result.rounds
-                rounds[name][2] += o.result.verified
-            seconds[name] += time.perf_counter() - t0
+        for group in _paired(modes):  # a batch size's native and speculative modes, in turns
+            runs = [timed_run(lambda clock, d=d, b=b, rule=rule: BatchDecoder(
+                model, replace(sampler, rule=rule), d, cfg.gamma if d is not None else 0,
+                batch_size=b, clock=clock), JobList(iter(part))) for _, d, b, rule in group]
+            interleave(runs)
+            for (name, *_), run in zip(group, runs):
+                seconds[name] += run.seconds
+                for o in run.outcomes:
+                    if o.result is None:
+                        failed[name] += 1
+                        continue
+                    outputs[name][o.job.index] = o.result.tokens
+                    tokens[name] += len(o.result.tokens)
+                    rounds[name][0] += len(o.result.tokens)
+                    rounds[name][1] += o.result.rounds
+                    rounds[name][2] += o.result.verified
         log(f"throughput slice {i + 1}/{len(slices)}: " + ", ".join(
             f"{n} {tokens[n] / seconds[n]:.0f} tok/s" for n, *_ in modes if seconds[n]))
     rows = {}
