@@ -485,12 +485,11 @@ def _clear_past_blocks(K: Tensor, V: Tensor, start: int, t0: Lengths, n: int) ->
     reads them with weight exactly 0, and 0 * (finite) is 0 where leftover NaN or inf (a failed
     row's) would not be. They are scratch of this write (no state of this or a later version may
     hold them)."""
-    lo, hi = min(t0) + n, max(t0) + n
-    rows = slice(start, start + len(t0))
-    past = torch.arange(lo, hi, device=K.device)[None, :] >= (
-        row_index(t0, K.device)[:, None] + n)  # (rows, hi - lo)
-    K[rows, :, lo:hi].masked_fill_(past[:, None, :, None], 0)
-    V[rows, :, lo:hi].masked_fill_(past[:, None, :, None], 0)
+    hi = max(t0) + n
+    for b, t in enumerate(t0, start):  # each row's own range: no mask over the whole rectangle
+        if t + n < hi:
+            K[b, :, t + n: hi] = 0
+            V[b, :, t + n: hi] = 0
 
 
 def attention_groups(t0: Lengths) -> list[tuple[int, int]]:
