@@ -10,16 +10,15 @@ divergence means the engine is not lossless.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..decode.batch import BatchDecoder
+from ..decode.batch import BatchDecoder, JobList
 from ..decode.drafters.base import Drafter
 from ..decode.drafters.registry import drafter_name
+from ..decode.interleave import interleave, timed_run
 from ..decode.jobs import DecodeResult, Job
-from ..decode.native import decode_native
 from ..decode.sampling import SamplerConfig
 from ..errors import InputError, SettingError, printable
 from ..generation.jobs import Record, build_jobs
@@ -157,27 +156,32 @@ def verify_prompts(model: StripedHyena, prompts: Sequence[Prompt], drafter: Draf
 def _verify_batched(model: StripedHyena, jobs: list[Job], drafter: Drafter,
                     opts: DecodeOptions, tol: float, batch_size: int,
                     on_prompt: Callable[[dict[str, Any]], None] | None) -> VerifyResult:
-    """Every job natively, one at a time; then all speculatively, `batch_size` rows at once
-    (planned: at most the jobs, and fitting in memory)."""
+    """Every job natively, one at a time, and all of them speculatively, `batch_size` rows at
+    once (planned: at most the jobs, and fitting in memory), the two decoders in turns
+    (decode/interleave.py)."""
     rows_at_once = batch_size
-    natives = [decode_native(model, list(j.prompt), j.max_new_tokens, opts.sampler, j.rng,
-                             j.label, track_margins=True) for j in jobs]
-    t0 = time.perf_counter()
-    dec = BatchDecoder(model, opts.sampler, drafter, opts.largest_draft, rows_at_once,
-                       opts.rollback, adaptive=opts.adaptive, tree_rows=opts.tree_rows)
-    spec: dict[int, DecodeResult] = {}
-    for o in dec.run(jobs):
-        if o.error is not None:
-            raise o.error
-        assert o.result is not None
-        spec[o.job.index] = o.result
-    spec_s = time.perf_counter() - t0
+    native, batched = (
+        timed_run(lambda clock: BatchDecoder(model, opts.sampler, None, 0, track_margins=True,
+                                             clock=clock), JobList(iter(jobs))),
+        timed_run(lambda clock: BatchDecoder(
+            model, opts.sampler, drafter, opts.largest_draft, rows_at_once, opts.rollback,
+            adaptive=opts.adaptive, tree_rows=opts.tree_rows, clock=clock), JobList(iter(jobs))))
+    interleave([native, batched])
+    results: list[dict[int, DecodeResult]] = []
+    for run in (native, batched):
+        got = {}
+        for o in run.outcomes:
+            if o.error is not None:
+                raise o.error
+            assert o.result is not None
+            got[o.job.index] = o.result
+        results.append(got)
     rows = []
-    for j, nat in zip(jobs, natives):
-        row = compare_greedy(j.label, nat, spec[j.index], tol)
+    for j in jobs:
+        row = compare_greedy(j.label, results[0][j.index], results[1][j.index], tol)
         row["speedup"] = None  # a row's latency in a batch is not its cost: see the summary
         rows.append(row)
         if on_prompt is not None:
             on_prompt(row)
     return VerifyResult(drafter_name(drafter), opts.gamma, tol, rows, rows_at_once,
-                        sum(n.wall_s for n in natives), spec_s, opts.sampler)
+                        native.seconds, batched.seconds, opts.sampler)
