@@ -8,15 +8,15 @@ Bundled target and dspark drafters, the shared 48-prompt suite (else the example
 one process, on whatever threads torch has.
 
 1. **Exactness and one stream.** For each sampler (coupled T=1 top-k 4 and coupled T=0.7 top-p
-   0.9), each prompt is decoded natively, then speculatively with each drafter seed at batch 1,
-   right after it (side by side); the same jobs then run speculatively at the default batch.
+   0.9), each prompt is decoded natively and speculatively with each drafter seed at batch 1,
+   all at once in turns (decode/interleave.py); the same jobs then run speculatively at the default batch.
    Every speculative job must equal the native job token for token (divergences are counted
    and classified as ties by the perturbed-score gap). Greedy decoding and residual sampling
    (T=1 top-k 4) run the same single-stream pairs for the first seed, as the baselines the
    coupled rule is compared with; the single-stream section also tries `--gamma 16` and the
    confidence draft length.
 2. **Batches.** Records x samples x tokens at the default batch: batched native, batched
-   speculative (fixed and confidence draft length) under each rule, and the tokens/s of
+   speculative (fixed and confidence draft length) under each rule, in turns, and the tokens/s of
    single-stream native decoding measured in section 1 as the single-stream baseline.
 """
 from __future__ import annotations
@@ -32,7 +32,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evspark_cli.decode.batch import BatchDecoder  # noqa: E402
+from evspark_cli.decode.batch import BatchDecoder, JobList  # noqa: E402
+from evspark_cli.decode.interleave import interleave, timed_run  # noqa: E402
 from evspark_cli.decode.drafters.registry import bundled_drafter_dir, resolve_drafter  # noqa: E402
 from evspark_cli.decode.sampling import SamplerConfig  # noqa: E402
 from evspark_cli.eval.bench import default_prompts  # noqa: E402
@@ -51,15 +52,26 @@ TIE = 1e-3
 
 def decode(model, jobs, sampler, drafter, gamma, batch, adaptive=False, margins=False):
     """Results by job index and the wall time of the whole run."""
-    dec = BatchDecoder(model, sampler, drafter, gamma if drafter is not None else 0,
-                       batch_size=batch, track_margins=margins, adaptive=adaptive)
-    t0 = time.perf_counter()
-    out = {}
-    for o in dec.run(jobs):
-        if o.error is not None:
-            raise o.error
-        out[o.job.index] = o.result
-    return out, time.perf_counter() - t0
+    return in_turns(model, jobs, sampler, [(drafter, gamma, adaptive)], batch, margins)[0]
+
+
+def in_turns(model, jobs, sampler, ways, batch, margins=False) -> list[tuple[dict, float]]:
+    """The same jobs through one decoder per (drafter, gamma, adaptive) of `ways`, all at once
+    in turns (decode/interleave.py): per way, results by job index and its decoder's seconds."""
+    runs = [timed_run(lambda clock, d=d, g=g, a=a: BatchDecoder(
+        model, sampler, d, g if d is not None else 0, batch_size=batch, adaptive=a,
+        track_margins=margins and d is None, clock=clock), JobList(iter(jobs)))
+        for d, g, a in ways]
+    interleave(runs)
+    out = []
+    for r in runs:
+        got = {}
+        for o in r.outcomes:
+            if o.error is not None:
+                raise o.error
+            got[o.job.index] = o.result
+        out.append((got, r.seconds))
+    return out
 
 
 def tally(results) -> dict:
@@ -94,13 +106,12 @@ def single_stream(model, prompts, drafters, args, log) -> dict:
             variants += [(first, 16, False), (first, args.gamma, True)]
         native_s, spec_s = 0.0, {v: 0.0 for v in variants}
         native, spec = {}, {v: {} for v in variants}
-        for job in jobs:
-            nat, dt = decode(model, [job], sampler, None, 0, 1, margins=coupled_or_greedy)
+        ways = [(None, 0, False)] + [(drafters[s], g, a) for s, g, a in variants]
+        for job in jobs:  # native and every variant of one job in turns
+            (nat, dt), *specs = in_turns(model, [job], sampler, ways, 1, coupled_or_greedy)
             native.update(nat)
             native_s += dt
-            for v in variants:
-                seed, gamma, adaptive = v
-                res, dt = decode(model, [job], sampler, drafters[seed], gamma, 1, adaptive)
+            for v, (res, dt) in zip(variants, specs):
                 spec[v].update(res)
                 spec_s[v] += dt
         n_tokens = sum(len(r.tokens) for r in native.values())
@@ -134,12 +145,12 @@ def batched(model, prompts, drafter, args, single_native: dict, log) -> dict:
                              sampler.top_p, samples=args.batch_samples, rule=sampler.rule)
         jobs = build_jobs([Record.of(p, model.config.vocab_size)
                            for p in prompts[: args.batch_records]], opts)
-        nat, nat_s = decode(model, jobs, sampler, None, 0, args.batch_size)
+        modes = [("fixed", False)] + ([("confidence", True)] if sampler.coupled else [])
+        (nat, nat_s), *specs = in_turns(model, jobs, sampler, [(None, 0, False)] + [
+            (drafter, args.gamma, adaptive) for _, adaptive in modes], args.batch_size)
         tokens = sum(len(r.tokens) for r in nat.values())
         row = {"jobs": len(jobs), "native_tokens_per_s": round(tokens / nat_s, 1)}
-        modes = [("fixed", False)] + ([("confidence", True)] if sampler.coupled else [])
-        for mode, adaptive in modes:
-            res, dt = decode(model, jobs, sampler, drafter, args.gamma, args.batch_size, adaptive)
+        for (mode, _), (res, dt) in zip(modes, specs):
             tps = tokens / dt
             single = single_native[name]["native_tokens_per_s"]
             row[mode] = {"tokens_per_s": round(tps, 1),
