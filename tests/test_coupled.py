@@ -176,6 +176,28 @@ def test_noise_depends_only_on_its_key():
     assert torch.isfinite(g).all()
 
 
+def test_noise_is_splitmix64_of_its_keys_bit_for_bit():
+    """The noise's U is fmix64(fmix64(key + (pos+1)φ) + (token+1)φ), top 53 bits + 1/2, on
+    Python ints (so sampled outputs of a seed never change with how the hash is computed),
+    for keys of both signs as int64 and the extremes of positions and tokens."""
+    from evspark_cli.decode.sampling import _GOLDEN, _MASK64, _fmix_int
+
+    keys = [coupled_key(0, 0, 0), coupled_key(7, 123456, 3), -1, -(1 << 63), (1 << 63) - 1, 0]
+    positions = [0, 1, 2**31, 2**62, 17, 5]
+    tokens = torch.tensor([[0, 65, 511], [84, 1, 2], [3, 4, 5], [0, 0, 1], [255, 256, 511],
+                           [7, 8, 9]])
+    g = coupled_noise(torch.tensor(keys), torch.tensor(positions), tokens)
+    for i, (key, pos) in enumerate(zip(keys, positions)):
+        h = _fmix_int(key + (pos + 1) * _GOLDEN)
+        for j, tok in enumerate(tokens[i].tolist()):
+            mixed = _fmix_int(h + (tok + 1) * _GOLDEN) & _MASK64
+            u = ((mixed >> 11) + 0.5) * 2.0**-53
+            want = -torch.log(-torch.log(torch.tensor(u, dtype=F64)))
+            assert g[i, j].item() == want.item(), (i, j)
+    with pytest.raises(ValueError, match="positions"):
+        coupled_noise(torch.tensor([1]), torch.tensor([-1]), tokens[:1])
+
+
 def test_candidates_give_the_full_vocabularys_winner():
     """Scoring only the top-k tokens is exact when the rest have zero probability."""
     torch.manual_seed(0)

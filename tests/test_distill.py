@@ -165,8 +165,9 @@ def test_teacher_batches_line_up(data):
     gamma, P = 4, 16
     b = data.batch(64, gamma, P, torch.Generator().manual_seed(0))
     assert b["ctx"].shape == (64, P, 2, 32) and b["p_alpha"].shape == (64, gamma, 4)
-    assert torch.equal(b["prev"][:, 1:], b["target"][:, :-1])
-    assert torch.equal(b["prev"][:, 0], b["anchor"])
+    assert b["prev"].shape == (64, gamma, 1)  # order 1: the one token before each slot
+    assert torch.equal(b["prev"][:, 1:, 0], b["target"][:, :-1])
+    assert torch.equal(b["prev"][:, 0, 0], b["anchor"])
     # find the anchors back: ctx are the hidden states of the P positions before the anchor, the
     # teacher rows are p̃ predicting each target token
     runs = data.tokens.unfold(1, gamma + 1, 1)  # (windows, starts, gamma + 1)
@@ -193,7 +194,7 @@ def test_teacher_batches_line_up(data):
 
 def test_distillation_lowers_the_loss(cache, data, tmp_path):
     tr = DistillTrainer(small(cache, tmp_path / "run", steps=40), data)
-    held = data.batch(128, 4, 16, torch.Generator().manual_seed(99))
+    held = data.batch(128, 4, 16, torch.Generator().manual_seed(99), tr.cfg.markov_order)
     with torch.no_grad():
         before = float(distill_loss(tr.net.eval(), held, tr.cfg)[0])
     tr.run()

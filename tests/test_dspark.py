@@ -96,12 +96,13 @@ def distilled(target_dir, tmp_path_factory) -> DSparkDrafter:
     return load_drafter(tr.export(tmp / "drafter"), load_model(target_dir))
 
 
-def random_net(seed: int, target_hash: str = "", gamma_max: int = 8) -> DSparkNet:
+def random_net(seed: int, target_hash: str = "", gamma_max: int = 8, order: int = 1
+               ) -> DSparkNet:
     """An untrained drafter with a strong random Markov table and head: q far from uniform."""
     torch.manual_seed(seed)
     net = DSparkNet(DSparkConfig(target_hidden=32, target_layers=2, width=32, layers=1, heads=2,
                                  prefix_len=P, gamma_max=gamma_max, target_hash=target_hash,
-                                 target_name="tiny"))
+                                 target_name="tiny", markov_order=order))
     g = torch.Generator().manual_seed(1000 + seed)
     with torch.no_grad():
         net.markov.copy_(1.5 * torch.randn(net.markov.shape, generator=g))
@@ -283,6 +284,45 @@ def test_markov_head_moves_q_with_the_previous_token():
                 assert float((q2[a] - q2[b]).abs().sum()) > 0.05
 
 
+def test_a_higher_order_head_is_teacher_forced_with_the_true_tokens_before_each_slot(
+        target_dir, tmp_path):
+    """Order 3: slot k reads the three true tokens before it (newest first), the anchor and the
+    tokens before it included, and each slot's Markov row is the class of exactly those."""
+    from evspark_cli.train.distill import (
+        CacheConfig,
+        DistillConfig,
+        TeacherData,
+        build_cache,
+        distill_loss,
+    )
+
+    build_cache(CacheConfig(target=str(target_dir), out_dir=str(tmp_path / "c"), train=[str(PHIX)],
+                            natural_windows=4, onpolicy_windows=0, window=128, batch=4),
+                log=lambda m: None)
+    data = TeacherData(tmp_path / "c")
+    b = data.batch(64, 5, P, torch.Generator().manual_seed(2), order=3)
+    prev, tgt = b["prev"], b["target"]
+    assert prev.shape == (64, 5, 3)
+    assert torch.equal(prev[:, 0, 0], b["anchor"])
+    assert torch.equal(prev[:, 1:, 0], tgt[:, :-1])
+    assert torch.equal(prev[:, 1:, 1:], prev[:, :-1, :-1])  # the context slides by one token
+    net = random_net(3, order=3)
+    net.train()
+    loss, _ = distill_loss(net, b, DistillConfig(cache="", out_dir="", markov_order=3))
+    loss.backward()
+    used = torch.zeros(net.markov.shape[:2], dtype=torch.bool)
+    cls = net.context_class(prev)
+    lut = net.lut
+    want = lut[prev[..., 0]] + 5 * lut[prev[..., 1]] + 25 * lut[prev[..., 2]]
+    assert torch.equal(cls, want)
+    for k in range(5):
+        used[k, cls[:, k]] = True
+    grad_norm = net.markov.grad.abs().sum(-1)
+    assert bool((grad_norm[~used] == 0).all()) and bool((grad_norm[used] > 0).all())
+    with pytest.raises(ValueError, match="order"):
+        net.logits(net.condition(b["ctx"]), b["valid"], b["anchor"], prev[..., :1])
+
+
 def test_training_teacher_forces_the_markov_head_with_true_previous_tokens(target_dir, tmp_path):
     from evspark_cli.train.distill import (
         CacheConfig,
@@ -298,14 +338,14 @@ def test_training_teacher_forces_the_markov_head_with_true_previous_tokens(targe
     data = TeacherData(tmp_path / "c")
     gamma = 5
     b = data.batch(32, gamma, P, torch.Generator().manual_seed(1))
-    assert torch.equal(b["prev"][:, 0], b["anchor"])
-    assert torch.equal(b["prev"][:, 1:], b["target"][:, :-1])  # teacher forcing: true tokens
+    assert torch.equal(b["prev"][:, 0, 0], b["anchor"])
+    assert torch.equal(b["prev"][:, 1:, 0], b["target"][:, :-1])  # teacher forcing: true tokens
     net = random_net(3)
     net.train()
     loss, _ = distill_loss(net, b, DistillConfig(cache="", out_dir=""))
     loss.backward()
     used = torch.zeros(net.markov.shape[:2], dtype=torch.bool)
-    rows = net.lut[b["prev"]]
+    rows = net.context_class(b["prev"])
     for k in range(gamma):
         used[k, rows[:, k]] = True
     grad_norm = net.markov.grad.abs().sum(-1)
@@ -314,7 +354,7 @@ def test_training_teacher_forces_the_markov_head_with_true_previous_tokens(targe
     # a different previous token changes the loss (the head is really in the loss)
     b2 = dict(b)
     b2["prev"] = b["prev"].clone()
-    b2["prev"][:, 1:] = torch.tensor(DNA)[(net.lut[b["prev"][:, 1:]].clamp(max=3) + 1) % 4]
+    b2["prev"][:, 1:, 0] = torch.tensor(DNA)[(net.lut[b["prev"][:, 1:, 0]].clamp(max=3) + 1) % 4]
     with torch.no_grad():
         assert abs(float(distill_loss(net, b2, DistillConfig(cache="", out_dir=""))[0])
                    - float(loss)) > 1e-4
@@ -549,38 +589,69 @@ def test_acceptance_is_lossless_when_the_target_puts_mass_on_n(target_dir, genom
                                      SamplerConfig(0.7, 0, 0.9, "coupled")],
                          ids=["evo2", "t0.7-k3-p0.9", "greedy", "t1.3-p0.8", "coupled-evo2",
                               "coupled-t0.7-p0.9"])
-def test_batched_draws_equal_the_left_to_right_reference(target, sampler):
-    """propose() transforms every Markov conditional in one batch and draws on host floats (or
-    takes every conditional's Gumbel-max winner in one batch, coupled); it must give exactly the
-    drafts and q of the plain left-to-right loop (one sampler call and one draw per position),
-    anchors outside the alphabet included."""
+@pytest.mark.parametrize("order", [1, 3])
+def test_batched_draws_equal_the_left_to_right_reference(target, sampler, order):
+    """propose() transforms every Markov conditional in one batch and walks the draws for all
+    rows at once on the host (inverse-CDF on host floats, or every conditional's Gumbel-max
+    winner, coupled); it must give exactly the drafts and q of the plain left-to-right loop (one
+    sampler call and one draw per position, the Markov row read from the last `order` tokens),
+    anchors outside the alphabet and prompts shorter than the head's context included."""
     from evspark_cli.decode.drafters.base import draw_on_alphabet
 
     def reference(d: OneRow, state, anchor: int, gamma: int):
         net = d.rows.net
         U = net.base_logits(d.prefix, d.valid, torch.tensor([anchor]), gamma)[0].float()
-        drafts, qs, prev = [], [], int(net.lut[anchor])
+        seen = [0] * order + d.ctx.prompt[:-1] + [anchor]  # id 0: "other", before the start
+        drafts, qs = [], []
         for k in range(gamma):
-            tok, q = draw_on_alphabet(U[k] + net.markov[k, prev].float(), d.rows.alpha,
+            cls = sum(int(net.lut[seen[-1 - j]]) * 5 ** j for j in range(order))
+            tok, q = draw_on_alphabet(U[k] + net.markov[k, cls].float(), d.rows.alpha,
                                       d.ctx.sampler, d.ctx.rng, state.seqlen + 1 + k,
                                       d.rows.cfg.vocab_size)
             drafts.append(tok)
             qs.append(q)
-            prev = int(net.lut[tok])
+            seen.append(tok)
         return torch.tensor(drafts), torch.stack(qs)
 
-    drafter = DSparkDrafter(random_net(5))
+    drafter = DSparkDrafter(random_net(5, order=order))
     with torch.inference_mode():
-        for seed in range(3):
-            row, state, anchor = begin(drafter, target,
-                                       ids("ACGTTGCAAGGCTTAGCCATGAC" * (seed + 1)), sampler,
-                                       RngKey(seed, 4, 1))
+        prompts = ["ACGTTGCAAGGCTTAGCCATGAC" * (seed + 1) for seed in range(3)] + ["GA"]
+        for seed, text in enumerate(prompts):
+            row, state, anchor = begin(drafter, target, ids(text), sampler, RngKey(seed, 4, 1))
             for a in (anchor, N_ID, 65):
                 for g in (1, 5, 8):
                     got = row.propose(state, a, g)
                     want_d, want_q = reference(row, state, a, g)
                     assert torch.equal(got.drafts[0], want_d), (seed, a, g)
                     assert torch.equal(got.q[0], want_q), (seed, a, g)
+
+
+def test_the_heads_history_follows_committed_tokens_and_rows():
+    """An order-3 head's history is the two committed tokens before each row's anchor: the
+    prompt's at first, then the anchor and accepted drafts of each round, per row (rows that
+    commit different counts, rows that join, leave or are replaced)."""
+    from evspark_cli.decode.drafters.dspark import DSparkRows
+
+    net = random_net(1, order=3)
+    drafter = DSparkDrafter(net)
+
+    class _Model:  # what DSparkRows reads of a context's model
+        device = torch.device("cpu")
+
+    def ctx(text: str) -> DraftContext:
+        return DraftContext(_Model(), ids(text), SamplerConfig(1.0, 4, 1.0), RngKey(0, 0, 0))
+
+    rows = DSparkRows(drafter, [ctx("ACGTA"), ctx("T"), ctx("GC")])
+    assert rows.hist.tolist() == [ids("GT"), [0, 0], [0, ids("G")[0]]]
+    fed = torch.tensor([ids("ACGT"), ids("TTTT"), ids("CAAA")])
+    hidden = torch.zeros(3, 4, 2, 32)
+    rows.observe(fed, hidden, [3, 1, 2])  # row 0: anchor A + drafts C G; row 1: anchor T only
+    assert rows.hist.tolist() == [ids("CG"), [0, ids("T")[0]], ids("CA")]
+    rows.append(DSparkRows(drafter, [ctx("TTGCA")]))
+    rows.remove(1)  # the last row takes its place
+    assert rows.hist.tolist() == [ids("CG"), ids("GC"), ids("CA")]
+    rows.place([0], DSparkRows(drafter, [ctx("AAC")]))
+    assert rows.hist.tolist() == [ids("AA"), ids("GC"), ids("CA")]
 
 
 # ------------------------------------------------------ (7) --gamma beyond the drafter's slots

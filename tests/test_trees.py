@@ -139,6 +139,32 @@ def test_branches_are_distinct_best_first_and_continued_as_drafted():
     assert len(paths.branches(0, main, 10_000)) == 4 ** 4 - 1  # every other path, once
 
 
+def test_branches_of_a_higher_order_head_follow_their_context_class():
+    """Order 2 (25 classes: the last two tokens, newest as the low digit): a branch's
+    continuation is the drafter's letter in the class of the branch's own last two letters,
+    and every path scores along its own classes (so all 4**3 - 1 others come out once)."""
+    g, C, A = 3, 25, 4
+    gen = torch.Generator().manual_seed(3)
+    s = torch.randn(1, g, C, A, generator=gen, dtype=torch.float64)
+    start = 4 + 5 * 2  # anchor "other", the token before it letter 2
+    paths = DraftPaths(s, torch.tensor([10, 11, 12, 13]), [start], 1.0)
+
+    def drafted(prefix: list[int], cls: int) -> list[int]:
+        out = []
+        for k in range(g):
+            a = prefix[k] if k < len(prefix) else int(s[0, k, cls].argmax())
+            out.append(a)
+            cls = (cls * 5) % C + a
+        return out
+
+    main = drafted([], start)
+    out = paths.branches(0, [10 + a for a in main], 200)
+    assert len(out) == 4 ** 3 - 1 and len({tuple(b) for b in out}) == len(out)
+    first = [b - 10 for b in out[0]]
+    k = next(j for j in range(g) if first[j] != main[j])
+    assert first == drafted(first[: k + 1], start)  # drafted on from the branch point
+
+
 def test_share_rows():
     assert share_rows(7, 3) == [3, 2, 2]
     assert share_rows(0, 3) == [0, 0, 0]

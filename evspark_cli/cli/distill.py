@@ -40,6 +40,8 @@ def distill(
     width: int = typer.Option(128, "--width", help="Drafter trunk width."),
     layers: int = typer.Option(2, "--layers", help="Drafter trunk layers."),
     prefix: int = typer.Option(64, "--prefix", help="Hidden-state prefix length P."),
+    markov_order: int = typer.Option(1, "--markov-order", help="Tokens the Markov head reads "
+                                     "before each draft (1: the previous token only)."),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Checkpoints and log "
                                           "(resumable; default OUT.run)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda: where the target "
@@ -58,7 +60,7 @@ def distill(
     dest = Path(out) if out else target / "drafters" / f"seed{seed}"
     cfg = DistillConfig(cache=str(cache_dir), out_dir=run_dir or f"{dest}.run", seed=seed,
                         steps=steps, batch=batch, gamma=gamma, width=width, layers=layers,
-                        prefix_len=prefix, device=device)
+                        prefix_len=prefix, markov_order=markov_order, device=device)
     cache_cfg = CacheConfig(target=str(target), out_dir=str(cache_dir),
                             train=list(train_data or []), natural_windows=natural_windows,
                             onpolicy_windows=onpolicy_windows, window=window, seed=0, device=device)

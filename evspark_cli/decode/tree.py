@@ -11,10 +11,11 @@ coupled): each row accepts drafts while they equal the target's token at that po
 the row's own prefix, so every row's accepted prefix is native decoding's, and the longest is
 native decoding's too (docs/sampling-and-acceptance.md). Only speed depends on the branches.
 
-Which branches: a drafter whose next draft depends only on the previous token (the dspark
-drafter's Markov head) scores every path it could draft (`DraftPaths`): scores[k, c, a] is
-letter a's score at slot k after class c, and softmax(scores / scale) estimates the chance that
-a is the target's token there. A path's chance is the product along it. Branches are added
+Which branches: a drafter whose next draft depends only on a context class of the last few
+tokens (the dspark drafter's Markov head of order m: base-(A+1) digits of the last m tokens)
+scores every path it could draft (`DraftPaths`): scores[k, c, a] is letter a's score at slot k
+in context class c, and softmax(scores / scale) estimates the chance that a is the target's
+token there. A path's chance is the product along it. Branches are added
 best first (the node outside the tree most likely to be reached, then the drafter's own
 continuation from it), as EAGLE-2 grows its tree from the most probable nodes; every node is
 added once.
@@ -33,15 +34,22 @@ from torch import Tensor
 class DraftPaths:
     """Every path a Markov-head drafter could draft this round, per row.
 
-    scores (B, G, C, A): letter a's score at draft slot k after a token of class c (the
-    alphabet's letters are classes 0..A-1; the classes past them are other tokens, an anchor
-    outside the alphabet); the drafter's own draft there is the argmax. `scale`: the score
-    difference that makes one letter e times likelier than another to be the target's token."""
+    scores (B, G, C, A): letter a's score at draft slot k in context class c; the drafter's
+    own draft there is the argmax. A class is the last m tokens as base-(A+1) digits, the newest
+    least significant (a letter's digit is its index, A is any other token), so drafting letter
+    a in class c leads to class (c·(A+1)) mod C + a; with m = 1 the class is the previous token.
+    `scale`: the score difference that makes one letter e times likelier than another to be the
+    target's token."""
 
     scores: Tensor
     alphabet: Tensor  # (A,) token ids of the letters
-    start: list[int]  # each row's anchor class
+    start: list[int]  # each row's context class before its first draft (anchor and history)
     scale: float = 1.0
+
+    def after(self, cls: int, letter: int) -> int:
+        """The context class once `letter` (an index into the alphabet) follows class cls."""
+        C, base = self.scores.shape[2], self.scores.shape[3] + 1
+        return (cls * base) % C + letter
 
     def branches(self, row: int, main: Sequence[int], n: int) -> list[list[int]]:
         """Up to n alternative drafts (token ids, each as long as `main`) for `row`, whose own
@@ -51,7 +59,7 @@ class DraftPaths:
             return []
         s = self.scores[row, :g].to(torch.float64)
         logp = torch.log_softmax(s / self.scale, dim=-1).tolist()  # (g, C, A)
-        best = s.argmax(dim=-1).tolist()  # (g, C): the drafter's letter after each class
+        best = s.argmax(dim=-1).tolist()  # (g, C): the drafter's letter in each class
         letters = self.alphabet.tolist()
         index = {t: i for i, t in enumerate(letters)}
         chain = [index.get(t, -1) for t in main]
@@ -61,13 +69,19 @@ class DraftPaths:
         heap: list[tuple[float, int, list[int], int, int]] = []
         tick = 0  # insertion order breaks ties (deterministic)
 
+        def classes(path: list[int]) -> list[int]:
+            out = [self.start[row]]
+            for a in path[:-1]:
+                out.append(self.after(out[-1], a))
+            return out
+
         def deviations(path: list[int], first: int, reach: float) -> None:
             """Push every node that leaves `path` at a slot >= first; `reach` is the log
             chance of path[:first]."""
             nonlocal tick
+            ctx = classes(path)
             for k in range(first, g):
-                prev = self.start[row] if k == 0 else path[k - 1]
-                row_p = logp[k][prev]
+                row_p = logp[k][ctx[k]]
                 for a in range(A):
                     if a != path[k]:
                         heapq.heappush(heap, (-(reach + row_p[a]), tick, path, k, a))
@@ -81,8 +95,10 @@ class DraftPaths:
         while heap and len(out) < n:
             neg, _, path, k, a = heapq.heappop(heap)
             new = path[:k] + [a]
+            cls = classes(new + [0])[-1]  # the class after new's last letter
             for j in range(k + 1, g):
-                new.append(best[j][new[-1]])
+                new.append(best[j][cls])
+                cls = self.after(cls, new[-1])
             out.append(new)
             deviations(new, k + 1, -neg)
         return [[letters[a] for a in p] for p in out]

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from ..alphabet import BASE_IDS
-from ..decode.drafters.dspark import DSparkConfig, DSparkNet, save_drafter
+from ..decode.drafters.dspark import MAX_MARKOV_ORDER, DSparkConfig, DSparkNet, save_drafter
 from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
 from ..errors import SettingError, at_least, literal
 from ..files import atomic_path
@@ -81,6 +81,7 @@ class DistillConfig:
     layers: int = 2
     heads: int = 4
     prefix_len: int = 64
+    markov_order: int = 1  # the Markov head's context (tokens); 1 is DSpark's previous token
     lr: float = 2e-3
     warmup: int = 100
     weight_decay: float = 0.01
@@ -100,6 +101,9 @@ class DistillConfig:
                                            "block)")
         at_least("layers", self.layers, 1)
         at_least("prefix_len", self.prefix_len, 1)
+        at_least("markov_order", self.markov_order, 1)
+        if self.markov_order > MAX_MARKOV_ORDER:
+            raise SettingError.of("markov_order", f"must be <= {MAX_MARKOV_ORDER}")
         if self.width < self.heads or self.width % self.heads:
             raise SettingError.of("width", f"must be a positive multiple of {self.heads} (the "
                                            f"drafter's heads), got {self.width}")
@@ -235,16 +239,21 @@ class TeacherData:
         """Decoded hidden states at (window, position) index tensors of equal shape."""
         return decode(EncodedRows(self.h_payload[w, pos], self.h_scale[w, pos], self.h_kind))
 
-    def batch(self, n: int, gamma: int, P: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    def batch(self, n: int, gamma: int, P: int, gen: torch.Generator, order: int = 1
+              ) -> dict[str, torch.Tensor]:
+        """n anchors: their prefix's hidden states, and per draft slot the `order` true tokens
+        before it (newest first: the Markov head is teacher-forced), its target and p̃."""
         w = torch.randint(self.windows, (n,), generator=gen)
-        a = torch.randint(1, self.seq_len - gamma, (n,), generator=gen)  # anchor index
+        # anchor index: every slot's `order` previous tokens lie in the window
+        a = torch.randint(max(1, order - 1), self.seq_len - gamma, (n,), generator=gen)
         ctx_pos = a[:, None] - P + torch.arange(P)  # positions a-P..a-1
         valid = ctx_pos >= 0
         ctx = self.hidden(w[:, None].expand(-1, P), ctx_pos.clamp(min=0)) * valid[..., None, None]
         k = torch.arange(1, gamma + 1)
         tgt_pos = a[:, None] + k  # tokens the drafts should produce
         return {"ctx": ctx, "valid": valid, "anchor": self.tokens[w, a],
-                "prev": self.tokens[w[:, None], tgt_pos - 1],
+                "prev": torch.stack([self.tokens[w[:, None], tgt_pos - 1 - j]
+                                     for j in range(order)], dim=-1),
                 "target": self.tokens[w[:, None], tgt_pos],
                 "p_alpha": self.p_alpha[w[:, None], tgt_pos - 1],
                 "p_other": self.p_other[w[:, None], tgt_pos - 1]}
@@ -280,6 +289,7 @@ class DistillTrainer:
         dcfg = DSparkConfig(target_hidden=int(meta["hidden_size"]), target_layers=len(tl),
                             width=cfg.width, layers=cfg.layers, heads=cfg.heads,
                             prefix_len=cfg.prefix_len, gamma_max=cfg.gamma_max,
+                            markov_order=cfg.markov_order,
                             target_hash=meta.get("target_hash", ""),
                             target_name=Path(meta.get("cache_config", {}).get("target", "")).name)
         dcfg.validate("the drafter to distil")
@@ -332,7 +342,7 @@ class DistillTrainer:
         c = self.cfg
         self.net.train()
         b = {k: v.to(self.device) for k, v in
-             self.data.batch(c.batch, c.gamma, c.prefix_len, self.gen).items()}
+             self.data.batch(c.batch, c.gamma, c.prefix_len, self.gen, c.markov_order).items()}
         for g in self.opt.param_groups:
             g["lr"] = self.lr()
         loss, info = distill_loss(self.net, b, c)
@@ -366,7 +376,7 @@ class DistillTrainer:
     def export(self, dest: str | Path | None = None) -> Path:
         c = self.cfg
         self.net.cfg.training = {"seed": c.seed, "steps": self.step, "batch": c.batch,
-                                 "gamma": c.gamma,
+                                 "gamma": c.gamma, "markov_order": c.markov_order,
                                  "supervised_positions": self.step * c.batch * c.gamma,
                                  "cache": str(c.cache), "wall_s": round(self.wall, 1),
                                  "loss": "0.1*CE + 0.9*L1(q, p~), weights exp(-(k-1)/4)"}

@@ -4,9 +4,11 @@ One trunk pass proposes all gamma positions at once from the target's hidden sta
 last P committed positions (the "hidden-state prefix"); a V x V Markov table per draft position
 (V = the DNA alphabet, so the table is tiny) then makes each draft depend on the previous draft:
 
-    z_k = U_k + B_k[x_{k-1}],   q_k = S(z_k),   d_k ~ q_k   (left to right, fp32)
+    z_k = U_k + B_k[x_{k-m}..x_{k-1}],   q_k = S(z_k),   d_k ~ q_k   (left to right, fp32)
 
-where U_k are the trunk's base logits, x_0 is the anchor and S is the target's own sampler
+where U_k are the trunk's base logits, x_0 is the anchor (x_{<0} the committed tokens before it),
+m is the table's order (`markov_order`: 1 is DSpark's previous-token head; DNA's alphabet makes
+the (A+1)^m-row table of a higher order cheap too) and S is the target's own sampler
 transform. q_k is exactly the distribution d_k is drawn from, as the acceptance rule requires.
 The hidden states of newly committed positions come from the verification pass (no extra target
 work). The folder records the hash of the target weights it was distilled from.
@@ -19,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
@@ -29,9 +32,9 @@ from ...errors import ModelError, literal
 from ...files import read_bounded
 from ...model.model import StripedHyena
 from ...model.state import InferenceState, put_rows, swap_remove
-from ..sampling import Purpose, sampler_probs
+from ..sampling import Purpose, coupled_noise, sampler_probs
 from ..tree import DraftPaths
-from .base import DraftContext, Proposal, alphabet_scores
+from .base import DraftContext, Proposal
 
 PATH_SCALE = 0.2
 """The score gap (logit units) at which the tree planner takes the drafter's second letter to
@@ -50,6 +53,7 @@ class DSparkConfig:
     mlp_ratio: int = 2
     prefix_len: int = 64  # P: committed positions the trunk attends to
     gamma_max: int = 16
+    markov_order: int = 1  # the Markov head's context: the last m tokens before a draft
     alphabet: list[int] = field(default_factory=lambda: list(BASE_IDS))
     vocab_size: int = 512
     target_hash: str = ""
@@ -59,6 +63,12 @@ class DSparkConfig:
     @property
     def n_alpha(self) -> int:
         return len(self.alphabet)
+
+    @property
+    def classes(self) -> int:
+        """Rows of a position's Markov table: one per context of `markov_order` tokens, each
+        a letter or "other" (A + 1 values)."""
+        return (self.n_alpha + 1) ** self.markov_order
 
     @classmethod
     def from_dict(cls, raw: dict, where: str = "drafter config") -> "DSparkConfig":
@@ -77,10 +87,14 @@ class DSparkConfig:
         sizes = {"target_hidden": self.target_hidden, "target_layers": self.target_layers,
                  "width": self.width, "layers": self.layers, "heads": self.heads,
                  "mlp_ratio": self.mlp_ratio, "prefix_len": self.prefix_len,
-                 "gamma_max": self.gamma_max, "vocab_size": self.vocab_size}
+                 "gamma_max": self.gamma_max, "vocab_size": self.vocab_size,
+                 "markov_order": self.markov_order}
         for name, v in sizes.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ModelError(f"{where}: {name} must be an integer >= 1, got {_short(v)}")
+        if self.markov_order > MAX_MARKOV_ORDER:
+            raise ModelError(f"{where}: markov_order must be at most {MAX_MARKOV_ORDER}, got "
+                             f"{self.markov_order}")
         if self.width % self.heads:
             raise ModelError(f"{where}: width {self.width} is not a multiple of heads "
                              f"{self.heads}")
@@ -102,13 +116,18 @@ class DSparkConfig:
         per_layer = 3 * d + 4 * d * d + 3 * r * d * d
         return (self.target_layers * self.target_hidden * d + 3 * d + self.prefix_len * d
                 + (V + 1) * d + self.gamma_max * d + self.layers * per_layer + d * V + V
-                + self.gamma_max * (V + 1) * V)
+                + self.gamma_max * self.classes * V)
 
     def memory_bytes(self) -> int:
         """A loaded drafter's memory, fp32: its parameters, the token lookup table, and one
         row's hidden-state prefix (prefix_len x target_layers x target_hidden)."""
         return 4 * (self.parameter_count() + self.prefix_len * self.target_layers
                     * self.target_hidden) + 8 * self.vocab_size
+
+
+MAX_MARKOV_ORDER = 4
+"""The highest Markov order a drafter may have: 625 table rows per draft position over DNA, whose
+every conditional a round transforms at once."""
 
 
 def _short(v: object) -> str:
@@ -122,8 +141,8 @@ class _Norm(nn.Module):
         self.scale = nn.Parameter(torch.ones(d)) if learn else None
 
     def forward(self, x: Tensor) -> Tensor:
-        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-        return y * self.scale if self.scale is not None else y
+        """x·rsqrt(mean(x²) + 1e-6)·scale, as one fused op (a round runs seven)."""
+        return F.rms_norm(x, x.shape[-1:], self.scale, 1e-6)
 
 
 class _Layer(nn.Module):
@@ -166,7 +185,7 @@ class DSparkNet(nn.Module):
         self.blocks = nn.ModuleList(_Layer(d, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.layers))
         self.out_norm = _Norm(d)
         self.head = nn.Linear(d, V, bias=True)
-        self.markov = nn.Parameter(torch.zeros(cfg.gamma_max, V + 1, V))  # B_k[prev, next]
+        self.markov = nn.Parameter(torch.zeros(cfg.gamma_max, cfg.classes, V))  # B_k[ctx, next]
         lut = torch.full((cfg.vocab_size,), V, dtype=torch.long)
         lut[torch.tensor(cfg.alphabet)] = torch.arange(V)
         self.register_buffer("lut", lut, persistent=False)
@@ -179,26 +198,41 @@ class DSparkNet(nn.Module):
         h = self.layer_norm(hidden.float()).flatten(-2)
         return self.ctx_norm(self.ctx_proj(h))
 
-    def base_logits(self, ctx: Tensor, ctx_valid: Tensor, anchor: Tensor, gamma: int) -> Tensor:
-        """Trunk: U (B, gamma, V) from conditioning (B, P, d), valid mask (B, P), anchors (B,)."""
+    def base_logits(self, ctx: Tensor, ctx_valid: Tensor | None, anchor: Tensor, gamma: int
+                    ) -> Tensor:
+        """Trunk: U (B, gamma, V) from conditioning (B, P, d), valid mask (B, P) (None: all
+        valid), anchors (B,)."""
         B, P, d = ctx.shape
         ctx = ctx + self.ctx_pos.weight[-P:] if P else ctx
         slots = self.mask.expand(B, gamma, d).clone()
         slots[:, 0] = self.tok(self.lut[anchor])
         x = slots + self.slot_pos.weight[:gamma]
         mask = None
-        if P and not bool(ctx_valid.all()):
+        if P and ctx_valid is not None and not bool(ctx_valid.all()):
             keep = torch.cat([ctx_valid, ctx_valid.new_ones(B, gamma)], dim=1)
             mask = keep[:, None, None, :]
         for blk in self.blocks:
             x = blk(x, ctx, mask)
         return self.head(self.out_norm(x))
 
+    def context_class(self, prev: Tensor) -> Tensor:
+        """The Markov row of each context: prev (..., m) tokens, prev[..., 0] the newest (the
+        token just before the slot), as base-(A+1) digits of their letters (or "other")."""
+        digits = self.lut[prev]
+        base = self.cfg.n_alpha + 1
+        return (digits * base ** torch.arange(prev.shape[-1], device=prev.device)).sum(-1)
+
     def logits(self, ctx: Tensor, ctx_valid: Tensor, anchor: Tensor, prev: Tensor) -> Tensor:
-        """Teacher-forced corrected logits z (B, gamma, V); prev[:, k] = token before slot k."""
+        """Teacher-forced corrected logits z (B, gamma, V); prev[:, k] = the token before slot
+        k, or prev[:, k, j] the j-th token before it (B, gamma, markov_order)."""
         gamma = prev.shape[1]
+        if prev.dim() == 2:
+            prev = prev[..., None]
+        if prev.shape[-1] != self.cfg.markov_order:
+            raise ValueError(f"prev holds {prev.shape[-1]} tokens per slot; this head's order "
+                             f"is {self.cfg.markov_order}")
         U = self.base_logits(ctx, ctx_valid, anchor, gamma)
-        rows = self.lut[prev]  # (B, gamma)
+        rows = self.context_class(prev)  # (B, gamma)
         bias = self.markov[torch.arange(gamma, device=rows.device), rows]  # (B, gamma, V)
         return U + bias
 
@@ -221,13 +255,15 @@ class DSparkDrafter:
 
 
 class DSparkRows:
-    """Each row's rolling hidden-state prefix, kept conditioned: (B, P, width), and its drafts.
+    """Each row's rolling hidden-state prefix, kept conditioned: (B, P, width), the committed
+    tokens before its anchor that its Markov head reads (B, order - 1), and its drafts.
 
     A position's conditioning (per-layer normalisation, projection, norm) does not depend on
     where it sits in the prefix, so each committed position is conditioned once, when it arrives,
     not again every round. The trunk runs once per round for all rows that draft the same
-    number of tokens (the whole batch but in a row's last rounds); the left-to-right Markov draws
-    run per row on host floats."""
+    number of tokens (the whole batch but in a row's last rounds); every Markov conditional is
+    transformed in one batch and the left-to-right draws walk them on the host, all rows at
+    once."""
 
     def __init__(self, drafter: DSparkDrafter, contexts: list[DraftContext]) -> None:
         self.net, self.cfg = drafter.net, drafter.cfg
@@ -238,9 +274,15 @@ class DSparkRows:
         if any(c.sampler != self.sampler for c in contexts):
             raise ValueError("the rows of a batch share one sampler")
         self.alpha = torch.tensor(self.cfg.alphabet, device=dev)
+        self._lut: list[int] = self.net.lut.tolist()
         B, P = len(contexts), self.cfg.prefix_len
         self.ctx = torch.zeros(B, P, self.cfg.width, device=dev)
         self.valid = torch.zeros(B, P, dtype=torch.bool, device=dev)
+        self._full: bool | None = None  # every row's prefix holds P positions (None: unknown)
+        keep = self.cfg.markov_order - 1  # the prompt's tokens before its last (the anchor)
+        # a token before the sequence's start reads as "other" (id 0 is outside the alphabet)
+        self.hist = torch.tensor([([0] * keep + list(c.prompt[:-1]))[len(c.prompt) - 1:]
+                                  for c in contexts], dtype=torch.long).view(B, keep)
         with torch.inference_mode():
             for b, c in enumerate(contexts):
                 h = c.prefill_hidden
@@ -254,21 +296,32 @@ class DSparkRows:
     def place(self, slots: Sequence[int], new: "DSparkRows") -> None:  # type: ignore[override]
         self.ctx = put_rows(self.ctx, slots, new.ctx)
         self.valid = put_rows(self.valid, slots, new.valid)
+        self.hist = put_rows(self.hist, slots, new.hist)
+        self._full = None
         for slot, c in zip(slots, new.contexts):
             self.contexts[slot] = c
 
     def append(self, new: "DSparkRows") -> None:  # type: ignore[override]
         self.ctx, self.valid = torch.cat([self.ctx, new.ctx]), torch.cat([self.valid, new.valid])
+        self.hist = torch.cat([self.hist, new.hist])
+        self._full = None
         self.contexts += new.contexts
 
     def remove(self, row: int) -> None:
         self.ctx, self.valid = swap_remove(self.ctx, row), swap_remove(self.valid, row)
+        self.hist = swap_remove(self.hist, row)
+        self._full = None if self._full is False else self._full
         last = self.contexts.pop()
         if row < len(self.contexts):
             self.contexts[row] = last
 
     def observe(self, fed: Tensor, hidden: Tensor, counts: list[int]) -> None:
-        """Each row's prefix moves on by its committed positions, conditioned as they arrive."""
+        """Each row's prefix moves on by its committed positions, conditioned as they arrive;
+        its token history takes the committed tokens (anchor and accepted drafts)."""
+        if self.hist.shape[1]:
+            both = torch.cat([self.hist, fed.cpu()], dim=1)  # row b keeps its last order-1
+            at = torch.tensor(counts)[:, None] + torch.arange(self.hist.shape[1])
+            self.hist = both.gather(1, at)
         B, P = self.ctx.shape[:2]
         k = max(counts)
         new = self.net.condition(hidden[:, :k])  # (B, k, width): only the positions that arrive
@@ -276,6 +329,7 @@ class DSparkRows:
         if counts.count(n) == len(counts):  # every row moves on by n: one copy
             self.ctx = torch.cat([self.ctx[:, n:], new], dim=1)[:, -P:]
             self.valid = torch.cat([self.valid[:, n:], self.valid.new_ones(B, n)], dim=1)[:, -P:]
+            self._full = self._full or None
             return
         both = torch.cat([self.ctx, new], dim=1)  # (B, P + k, width)
         ok = torch.cat([self.valid, self.valid.new_ones(B, k)], dim=1)
@@ -283,6 +337,7 @@ class DSparkRows:
         idx = start + torch.arange(P, device=both.device)  # row b keeps positions n_b .. n_b+P-1
         self.ctx = both.gather(1, idx[:, :, None].expand(B, P, both.shape[2]))
         self.valid = ok.gather(1, idx)
+        self._full = self._full or None  # a full prefix stays full; a partial one may fill
 
     # ------------------------------------------------------------------ drafting
     @torch.inference_mode()
@@ -294,90 +349,104 @@ class DSparkRows:
         B, V = len(anchors), self.cfg.vocab_size
         drafts = torch.zeros(B, gmax, dtype=torch.long)
         q = torch.zeros(B, gmax, V, dtype=torch.float32, device=self.ctx.device)
-        A = self.cfg.n_alpha
-        scores = torch.full((B, gmax, A + 1, A), -math.inf, dtype=torch.float64)
+        A, C = self.cfg.n_alpha, self.cfg.classes
+        scores = torch.full((B, gmax, C, A), -math.inf, dtype=torch.float64)
+        starts = self._start_classes(anchors)
         for g in sorted(set(gammas) - {0}):
             rows = [b for b in range(B) if gammas[b] == g]
-            d, qs, sc = self._draft(rows, [anchors[b] for b in rows],
+            d, qs, sc = self._draft(rows, [anchors[b] for b in rows], [starts[b] for b in rows],
                                     [state.lengths[b] for b in rows], g)
             drafts[rows, :g] = d
             q[rows, :g] = qs
             scores[rows, :g] = sc
-        lut = self.net.lut.tolist()
-        paths = DraftPaths(scores, self.alpha.cpu(), [lut[a] for a in anchors], PATH_SCALE)
+        paths = DraftPaths(scores, self.alpha.cpu(), starts, PATH_SCALE)
         return Proposal(drafts, q, paths)
 
-    def _draft(self, rows: list[int], anchors: list[int], positions: list[int], gamma: int
-               ) -> tuple[Tensor, Tensor, Tensor]:
-        """Drafts (n, gamma), q (n, gamma, V) of `rows`, each anchored at its position, and the
-        scores of every path (n, gamma, classes, A) whose argmax the draws take (`DraftPaths`):
-        the perturbed scores log q + g under the coupled rule, else the logits (greedy)."""
+    def _start_classes(self, anchors: Sequence[int]) -> list[int]:
+        """Each row's Markov context before its first draft: its anchor, then its history
+        (`DSparkNet.context_class` on host ints: a round's few numbers)."""
+        lut, base = self._lut, self.cfg.n_alpha + 1
+        out = []
+        for a, before in zip(anchors, self.hist.tolist()):
+            c = 0
+            for t in before:  # oldest first: each older digit ends up more significant
+                c = c * base + lut[t]
+            out.append(c * base + lut[a])
+        return out
+
+    def _draft(self, rows: list[int], anchors: list[int], starts: list[int],
+               positions: list[int], gamma: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Drafts (n, gamma), q (n, gamma, V) of `rows`, each anchored at its position with its
+        Markov context `starts`, and the scores of every path (n, gamma, classes, A) whose argmax
+        the draws take (`DraftPaths`): the perturbed scores log q + g under the coupled rule,
+        else the logits (greedy)."""
         net = self.net
         whole = len(rows) == self.ctx.shape[0]
         ctx = self.ctx if whole else self.ctx[rows]
-        valid = self.valid if whole else self.valid[rows]
+        if self._full is None:
+            self._full = bool(self.valid.all())
+        valid = None if self._full else self.valid if whole else self.valid[rows]
         U = net.base_logits(ctx, valid, torch.tensor(anchors, device=ctx.device), gamma).float()
         # every conditional the left-to-right draws can meet, transformed in one batch:
-        # Q[r, k, prev] = S(U_rk + B_k[prev]) over the alphabet, prev = anchor's class or a letter
+        # Q[r, k, c] = S(U_rk + B_k[c]) over the alphabet, for every context class c
         Z = U[:, :, None, :] + net.markov[:gamma].float()
         Q = sampler_probs(Z, self.sampler)
-        lut = net.lut.tolist()
         if self.sampler.coupled and not self.sampler.greedy:
-            picks, scores = self._coupled_picks(Q, rows, [lut[a] for a in anchors], positions)
+            scores = self._coupled_scores(Q, rows, positions)
+            best = scores.argmax(dim=-1).numpy()  # (n, gamma, classes)
+            classes, letters = self._walk(starts, gamma, lambda k, r, c: best[r, k, c])
         else:
-            picks = self._inverse_cdf_picks(Q, rows, [lut[a] for a in anchors], positions)
             scores = Z.to(torch.float64).cpu()
+            cdf = Q.to(torch.float64).cumsum(dim=-1).cpu().numpy()  # (n, gamma, classes, A)
+            u = np.array([self.contexts[b].rng.floats(range(pos + 1, pos + gamma + 1),
+                                                      Purpose.DRAFT)
+                          for b, pos in zip(rows, positions)], dtype=np.float64)
+            classes, letters = self._walk(starts, gamma,
+                                          lambda k, r, c: _inverse_cdf(cdf[r, k, c], u[:, k]))
         dev = Q.device
-        sel = torch.tensor([p[:-1] for p in picks], device=dev)  # (n, gamma) Markov rows
         n = len(rows)
+        sel = torch.from_numpy(classes).to(dev)
         q_small = Q[torch.arange(n, device=dev)[:, None], torch.arange(gamma, device=dev), sel]
         q = q_small.new_zeros(n, gamma, self.cfg.vocab_size)
         q[..., self.alpha] = q_small  # each draft's exact distribution over the vocabulary
-        drafts = self.alpha[torch.tensor([p[1:] for p in picks], dtype=torch.long, device=dev)]
+        drafts = self.alpha[torch.from_numpy(letters).to(dev)]
         return drafts.cpu(), q, scores
 
-    def _coupled_picks(self, Q: Tensor, rows: list[int], starts: list[int],
-                       positions: list[int]) -> tuple[list[list[int]], Tensor]:
-        """Gumbel-max draws with the target's noise: every conditional's winner in one batch,
-        then each row's walk through its Markov chain on the host. Also every conditional's
-        perturbed scores (n, gamma, classes, A)."""
-        n, gamma, classes, A = Q.shape
-        rngs = [self.contexts[b].rng for b in rows]
-        at = [pos + 1 + k for pos in positions for k in range(gamma)]
-        scores = alphabet_scores(Q.reshape(n * gamma, classes, A).transpose(0, 1).reshape(-1, A),
-                                 self.alpha, [r for r in rngs for _ in range(gamma)] * classes,
-                                 at * classes)
-        scores = scores.view(classes, n, gamma, A).permute(1, 2, 0, 3)
-        best = scores.argmax(dim=-1).tolist()
-        picks = []
-        for r, prev in enumerate(starts):
-            seq = []
-            for k in range(gamma):
-                seq.append(prev)
-                prev = best[r][k][prev]
-            picks.append(seq + [prev])
-        return picks, scores.cpu()
+    def _walk(self, starts: list[int], gamma: int, choose) -> tuple[np.ndarray, np.ndarray]:
+        """The left-to-right draws of all rows at once: at slot k each row's letter is
+        choose(k, rows, classes) given its Markov context class, which then takes the letter
+        as its newest digit. Returns (classes (n, gamma), letters (n, gamma))."""
+        C, base = self.cfg.classes, self.cfg.n_alpha + 1
+        cls = np.array(starts, dtype=np.int64)
+        rows = np.arange(len(starts))
+        classes = np.empty((len(starts), gamma), dtype=np.int64)
+        letters = np.empty((len(starts), gamma), dtype=np.int64)
+        for k in range(gamma):
+            classes[:, k] = cls
+            letters[:, k] = a = choose(k, rows, cls)
+            cls = (cls * base) % C + a
+        return classes, letters
 
-    def _inverse_cdf_picks(self, Q: Tensor, rows: list[int], starts: list[int],
-                           positions: list[int]) -> list[list[int]]:
-        """Inverse-CDF draws with DRAFT uniforms, left to right on the host: per row, the Markov
-        row of each slot, then the last draw."""
-        gamma = Q.shape[1]
-        cdf = Q.to(torch.float64).cumsum(dim=-1).tolist()  # (n, gamma, V+1, V) on the host
-        picks: list[list[int]] = []
-        for r, (b, prev, pos) in enumerate(zip(rows, starts, positions)):
-            u = self.contexts[b].rng.floats(range(pos + 1, pos + gamma + 1), Purpose.DRAFT)
-            seq = []
-            for k, uk in enumerate(u):  # inverse-CDF draws, as sampling.sample_from_probs
-                c = cdf[r][k][prev]
-                target = uk * c[-1]
-                i = next((j for j, cj in enumerate(c) if cj > target), None)
-                if i is None:  # rounding put the target at the end: the first index reaching it
-                    i = next(j for j, cj in enumerate(c) if cj >= c[-1])
-                seq.append(prev)
-                prev = i
-            picks.append(seq + [prev])
-        return picks
+    def _coupled_scores(self, Q: Tensor, rows: list[int], positions: list[int]) -> Tensor:
+        """Every conditional's perturbed scores log q + g (n, gamma, classes, A) on the host,
+        with the target's noise: a slot's noise depends on its position and letter only, so it
+        is drawn once per slot and shared by the slot's Markov rows."""
+        n, gamma, _, A = Q.shape
+        keys = torch.tensor([self.contexts[b].rng.coupled for b in rows]).repeat_interleave(gamma)
+        at = torch.tensor([pos + 1 + k for pos in positions for k in range(gamma)])
+        g = coupled_noise(keys, at, self.alpha.expand(n * gamma, A)).view(n, gamma, 1, A)
+        q64 = Q.to(torch.float64)
+        return torch.where(q64 > 0, torch.log(q64) + g, -math.inf).cpu()
+
+
+def _inverse_cdf(cdf: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Per row of cdf (n, A), the first index whose cumulative mass exceeds u·total, as
+    `sampling.sample_from_probs` draws; a target that rounding puts at or past the end takes
+    the first index reaching the total (which has mass)."""
+    total = cdf[:, -1:]
+    over = cdf > u[:, None] * total
+    reach = (cdf >= total).argmax(axis=1)
+    return np.where(over.any(axis=1), over.argmax(axis=1), reach)
 
 
 # ------------------------------------------------------------------------------------ folders
