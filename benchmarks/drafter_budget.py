@@ -54,18 +54,28 @@ def acceptance(model, drafter, prompts, sampler: SamplerConfig, args) -> dict:
                                     for a, t in zip(accepts, trials)]}
 
 
+def suite_options(ap: argparse.ArgumentParser, prompts_n: int, tokens: int, rules: str) -> None:
+    """The options every drafter comparison takes: how many shared prompts, tokens, rules."""
+    ap.add_argument("--prompts-n", type=int, default=prompts_n)
+    ap.add_argument("--tokens", type=int, default=tokens)
+    ap.add_argument("--rules", default=rules)
+    ap.add_argument("--out", required=True)
+
+
+def load_suite(args: argparse.Namespace) -> tuple:
+    """The bundled target and the first --prompts-n shared prompts (else the examples)."""
+    model = load_model(ROOT / "models" / "evspark-sh2-192")
+    return model, read_prompts([default_prompts()])[: args.prompts_n]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafters", nargs="+", required=True, help="drafter folders")
-    ap.add_argument("--prompts-n", type=int, default=16)
-    ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--gamma", type=int, default=16)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--rules", default=",".join(RULES))
-    ap.add_argument("--out", required=True)
+    suite_options(ap, 16, 512, ",".join(RULES))
     args = ap.parse_args()
-    model = load_model(ROOT / "models" / "evspark-sh2-192")
-    prompts = read_prompts([default_prompts()])[: args.prompts_n]
+    model, prompts = load_suite(args)
     t0 = time.time()
     rows = []
     for folder in args.drafters:

@@ -33,6 +33,7 @@ from tiny import (  # noqa: E402
 from evspark_cli.decode.drafters.base import RngKey  # noqa: E402
 from evspark_cli.decode.native import decode_native  # noqa: E402
 from evspark_cli.decode.sampling import SamplerConfig, sampler_probs  # noqa: E402
+from evspark_cli.errors import SettingError  # noqa: E402
 from evspark_cli.model.checkpoint import load_model, weights_hash  # noqa: E402
 from evspark_cli.train.codec import BF16_ABS_ERROR, ShardReader  # noqa: E402
 from evspark_cli.train.distill import (  # noqa: E402
@@ -190,6 +191,15 @@ def test_teacher_batches_line_up(data):
 
 
 # ----------------------------------------------------------------------------------- training
+
+
+def test_draft_slots_follow_the_supervised_gamma(tmp_path):
+    """--gamma above 16 gives the drafter that many slots; an explicit smaller cap is refused."""
+    cfg = DistillConfig(cache=str(tmp_path / "c"), out_dir=str(tmp_path / "d"), gamma=32)
+    assert cfg.gamma_max == 32
+    assert DistillConfig(cache="c", out_dir="d", gamma=8).gamma_max == 16
+    with pytest.raises(SettingError, match="gamma"):
+        DistillConfig(cache="c", out_dir="d", gamma=12, gamma_max=8)
 
 
 def test_distillation_lowers_the_loss(cache, data, tmp_path):

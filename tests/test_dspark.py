@@ -284,22 +284,23 @@ def test_markov_head_moves_q_with_the_previous_token():
                 assert float((q2[a] - q2[b]).abs().sum()) > 0.05
 
 
-def test_a_higher_order_head_is_teacher_forced_with_the_true_tokens_before_each_slot(
-        target_dir, tmp_path):
-    """Order 3: slot k reads the three true tokens before it (newest first), the anchor and the
-    tokens before it included, and each slot's Markov row is the class of exactly those."""
-    from evspark_cli.train.distill import (
-        CacheConfig,
-        DistillConfig,
-        TeacherData,
-        build_cache,
-        distill_loss,
-    )
+def phix_teacher(target_dir, tmp_path):
+    """A small teacher cache of phiX windows, loaded for training batches."""
+    from evspark_cli.train.distill import CacheConfig, TeacherData, build_cache
 
     build_cache(CacheConfig(target=str(target_dir), out_dir=str(tmp_path / "c"), train=[str(PHIX)],
                             natural_windows=4, onpolicy_windows=0, window=128, batch=4),
                 log=lambda m: None)
-    data = TeacherData(tmp_path / "c")
+    return TeacherData(tmp_path / "c")
+
+
+def test_a_higher_order_head_is_teacher_forced_with_the_true_tokens_before_each_slot(
+        target_dir, tmp_path):
+    """Order 3: slot k reads the three true tokens before it (newest first), the anchor and the
+    tokens before it included, and each slot's Markov row is the class of exactly those."""
+    from evspark_cli.train.distill import DistillConfig, distill_loss
+
+    data = phix_teacher(target_dir, tmp_path)
     b = data.batch(64, 5, P, torch.Generator().manual_seed(2), order=3)
     prev, tgt = b["prev"], b["target"]
     assert prev.shape == (64, 5, 3)
@@ -324,18 +325,9 @@ def test_a_higher_order_head_is_teacher_forced_with_the_true_tokens_before_each_
 
 
 def test_training_teacher_forces_the_markov_head_with_true_previous_tokens(target_dir, tmp_path):
-    from evspark_cli.train.distill import (
-        CacheConfig,
-        DistillConfig,
-        TeacherData,
-        build_cache,
-        distill_loss,
-    )
+    from evspark_cli.train.distill import DistillConfig, distill_loss
 
-    build_cache(CacheConfig(target=str(target_dir), out_dir=str(tmp_path / "c"), train=[str(PHIX)],
-                            natural_windows=4, onpolicy_windows=0, window=128, batch=4),
-                log=lambda m: None)
-    data = TeacherData(tmp_path / "c")
+    data = phix_teacher(target_dir, tmp_path)
     gamma = 5
     b = data.batch(32, gamma, P, torch.Generator().manual_seed(1))
     assert torch.equal(b["prev"][:, 0, 0], b["anchor"])

@@ -87,7 +87,7 @@ def test_other_option_objects_check_their_values():
     with pytest.raises(SettingError, match="tie_tolerance must be >= 0"):
         VerifyOptions(DecodeOptions(), tie_tolerance=-1.0)
     with pytest.raises(SettingError, match="gamma must be <= 16"):
-        DistillConfig(cache="", out_dir="", gamma=17)
+        DistillConfig(cache="", out_dir="", gamma=17, gamma_max=16)
     with pytest.raises(SettingError, match="width must be a positive multiple of 4"):
         DistillConfig(cache="", out_dir="", width=30)
     with pytest.raises(SettingError, match="natural_windows plus onpolicy_windows"):

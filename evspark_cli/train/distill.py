@@ -76,7 +76,7 @@ class DistillConfig:
     steps: int = 2000
     batch: int = 64
     gamma: int = 12
-    gamma_max: int = DSparkConfig.gamma_max  # the drafter's slots: the largest gamma it serves
+    gamma_max: int = 0  # the drafter's slots, the largest gamma it serves (0: max(16, gamma))
     width: int = 128
     layers: int = 2
     heads: int = 4
@@ -96,6 +96,8 @@ class DistillConfig:
         at_least("steps", self.steps, 1)
         at_least("batch", self.batch, 1)
         at_least("gamma", self.gamma, 1)
+        if not self.gamma_max:
+            self.gamma_max = max(DSparkConfig.gamma_max, self.gamma)
         if self.gamma > self.gamma_max:
             raise SettingError.of("gamma", f"must be <= {self.gamma_max} (the drafter's largest "
                                            "block)")
