@@ -43,6 +43,7 @@ from evspark_cli.train.distill import (  # noqa: E402
     TeacherData,
     build_cache,
     distill_loss,
+    prepare_cache,
 )
 
 DNA = [65, 67, 71, 84]
@@ -160,6 +161,44 @@ def test_onpolicy_prompt_longer_than_the_window_falls_back(target_dir, tmp_path)
     assert rows["tokens"].shape == (4, WINDOW)
     assert rows["onpolicy"].tolist() == [False, False, True, True]
     assert r.metadata["onpolicy_prompt"] == WINDOW // 2
+
+
+def test_greedy_windows_are_the_targets_greedy_continuations(target_dir, tmp_path, genome):
+    """--greedy-windows: natural prompts the target continues greedily, after the natural and
+    sampled windows; their p̃ is still the deployment sampler's (what the drafter learns)."""
+    cfg = CacheConfig(target=str(target_dir), out_dir=str(tmp_path / "c"), train=[str(PHIX)],
+                      natural_windows=1, onpolicy_windows=1, greedy_windows=2, window=WINDOW,
+                      onpolicy_prompt=PROMPT, batch=2, seed=3)
+    msgs: list[str] = []
+    build_cache(cfg, log=msgs.append)
+    assert msgs[-1].startswith("cache: 4/4 windows")
+    rows = ShardReader(tmp_path / "c").rows(range(4))
+    assert rows["onpolicy"].tolist() == [False, True, True, True]
+    model = load_model(target_dir)
+    strands = genome + "|" + revcomp(genome)
+    greedy = SamplerConfig(1.0, 1, 1.0)
+    for t in rows["tokens"][2:].tolist():
+        assert "".join(map(chr, t[:PROMPT])) in strands
+        nat = decode_native(model, t[:PROMPT], WINDOW - PROMPT, greedy, RngKey(0, 0, 0))
+        assert nat.tokens == t[PROMPT:]
+    with torch.no_grad():
+        logits = model(rows["tokens"].long())
+    p = sampler_probs(logits, SamplerConfig(cfg.temperature, cfg.top_k, cfg.top_p))
+    torch.testing.assert_close(rows["p_alpha"], p[..., DNA], rtol=0, atol=2e-5)
+
+
+def test_a_reused_cache_of_other_settings_is_named_in_a_warning(cache):
+    """An existing cache is reused as built; asking for another composition says so."""
+    from dataclasses import replace
+
+    warned: list[str] = []
+    assert prepare_cache(cache, log=warned.append) == Path(cache.out_dir)
+    assert warned == []  # the settings it was built with
+    asked = replace(cache, greedy_windows=5, natural_windows=NATURAL + 1, train=[])
+    assert prepare_cache(asked, log=lambda m: None, warn=warned.append) == Path(cache.out_dir)
+    assert len(warned) == 1 and "reused as built" in warned[0]
+    assert f"natural_windows {NATURAL} (asked {NATURAL + 1})" in warned[0]
+    assert "greedy_windows 0 (asked 5)" in warned[0] and "onpolicy" not in warned[0]
 
 
 def test_teacher_batches_line_up(data):

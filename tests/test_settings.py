@@ -135,7 +135,7 @@ def test_train_steps_from_the_option_or_the_file_are_named_as_such(tmp_path):
     (["bench", "--skip", "tvd,nope"], "--skip: unknown section(s) nope"),
     (["distill", "--prefix", "0"], "--prefix must be >= 1, got 0"),
     (["distill", "--natural-windows", "0", "--onpolicy-windows", "0"],
-     "--natural-windows plus --onpolicy-windows must be >= 1"),
+     "--natural-windows plus --onpolicy-windows plus --greedy-windows must be >= 1"),
     (["generate", "-", "--threads", "-1"], "--threads must be >= 0, got -1"),
 ])
 def test_the_command_line_names_the_option(tmp_path, args, message):

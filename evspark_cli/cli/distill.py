@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from .app import command, interrupt_code, say
-from .common import use_threads
+from .common import use_threads, warn
 from .options import MaxMemoryOpt, ModelOpt, QuietOpt, ThreadsOpt
 from .progress import Progress
 
@@ -36,6 +36,8 @@ def distill(
                                         "cache."),
     onpolicy_windows: int = typer.Option(192, "--onpolicy-windows", help="Target-generated "
                                          "windows."),
+    greedy_windows: int = typer.Option(0, "--greedy-windows", help="Windows the target "
+                                       "continues greedily (teach greedy decoding's repeats)."),
     window: int = typer.Option(1024, "--window", help="Tokens per cached window."),
     width: int = typer.Option(128, "--width", help="Drafter trunk width."),
     layers: int = typer.Option(2, "--layers", help="Drafter trunk layers."),
@@ -63,11 +65,13 @@ def distill(
                         prefix_len=prefix, markov_order=markov_order, device=device)
     cache_cfg = CacheConfig(target=str(target), out_dir=str(cache_dir),
                             train=list(train_data or []), natural_windows=natural_windows,
-                            onpolicy_windows=onpolicy_windows, window=window, seed=0, device=device)
+                            onpolicy_windows=onpolicy_windows, greedy_windows=greedy_windows,
+                            window=window, seed=0, device=device)
     _check_outputs(target, dest, cache_dir, train_data or [])
     used = use_threads(threads)
     t0 = time.monotonic()
-    prepare_cache(cache_cfg, log=lambda m: None if quiet else say(m), max_memory=max_memory)
+    prepare_cache(cache_cfg, log=lambda m: None if quiet else say(m), max_memory=max_memory,
+                  warn=warn)
     trainer = DistillTrainer(cfg, max_memory=max_memory)
     if trainer.resume():
         say(f"evspark: resumed drafter training at step {trainer.step}")

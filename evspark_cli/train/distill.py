@@ -2,9 +2,11 @@
 
 1. **Teacher cache** (`build_cache`): the target runs once, teacher-forced, over natural windows
    of the training genomes and over target-generated continuations of them (on-policy data at the
-   deployment sampler settings). Per position it stores the conditioning hidden states through the
-   fp32-scale codec, the token, and the target's sampler distribution p̃ on the DNA alphabet (plus
-   the mass p̃ puts elsewhere, which a DNA-only drafter can never match).
+   deployment sampler settings, and optionally greedy continuations: greedy decoding of a small
+   target falls into repeats that sampled windows rarely show). Per position it stores the
+   conditioning hidden states through the fp32-scale codec, the token, and the target's sampler
+   distribution p̃ on the DNA alphabet (plus the mass p̃ puts elsewhere, which a DNA-only
+   drafter can never match).
 2. **Training** (`DistillTrainer`): anchors are sampled in cached windows; the loss is
    0.1·CE(next token) + 0.9·L1(q, p̃) per draft position, weighted exp(-(k-1)/4). Since the
    acceptance probability of a draft is 1 - ½‖q - p̃‖₁, the L1 term optimises acceptance itself.
@@ -42,6 +44,7 @@ class CacheConfig:
     train: list[str] = field(default_factory=list)
     natural_windows: int = 256
     onpolicy_windows: int = 128
+    greedy_windows: int = 0  # on-policy windows the target continues greedily
     window: int = 1024
     onpolicy_prompt: int = 512  # on-policy windows: this many natural tokens, then the target
     batch: int = 8
@@ -56,8 +59,10 @@ class CacheConfig:
         at_least("window", self.window, 1)
         at_least("natural_windows", self.natural_windows, 0)
         at_least("onpolicy_windows", self.onpolicy_windows, 0)
-        if self.natural_windows + self.onpolicy_windows < 1:
-            raise SettingError("{0} plus {1} must be >= 1", "natural_windows", "onpolicy_windows")
+        at_least("greedy_windows", self.greedy_windows, 0)
+        if self.natural_windows + self.onpolicy_windows + self.greedy_windows < 1:
+            raise SettingError("{0} plus {1} plus {2} must be >= 1", "natural_windows",
+                               "onpolicy_windows", "greedy_windows")
 
     @property
     def onpolicy_prompt_len(self) -> int:
@@ -154,7 +159,8 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print,
     sampler = SamplerConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     corpus = Corpus.from_paths(cfg.train)
     prompt_len = cfg.onpolicy_prompt_len  # on-policy windows: a natural prompt, then the target
-    need = max(cfg.window if cfg.natural_windows else 0, prompt_len if cfg.onpolicy_windows else 0)
+    generated = cfg.onpolicy_windows + cfg.greedy_windows
+    need = max(cfg.window if cfg.natural_windows else 0, prompt_len if generated else 0)
     longest = int(corpus.lengths.max()) if len(corpus) else 0
     if longest < need:
         raise SettingError(f"{{0}}: no record is at least {need} bases long (longest: {longest}); "
@@ -168,30 +174,40 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print,
     t0 = time.time()
     with ShardWriter(out, prefix="teacher", max_rows_per_shard=64, metadata=meta,
                      overwrite=True) as w:
-        done = 0
-        for kind, n in (("natural", cfg.natural_windows), ("onpolicy", cfg.onpolicy_windows)):
+        done, total = 0, cfg.natural_windows + generated
+        kinds = (("natural", cfg.natural_windows, None),
+                 ("onpolicy", cfg.onpolicy_windows, sampler),
+                 ("greedy", cfg.greedy_windows, SamplerConfig(1.0, 1, 1.0)))
+        for kind, n, writer in kinds:  # writer: how the target continues a natural prompt
             for s in range(0, n, cfg.batch):
                 b = min(cfg.batch, n - s)
-                if kind == "natural":
+                if writer is None:
                     seqs = corpus.sample_windows(b, cfg.window - 1, gen)
                 else:
                     prompts = corpus.sample_windows(b, prompt_len - 1, gen)
-                    seqs = generate_batch(model, prompts, cfg.window - prompt_len, sampler,
-                                          cfg.seed, first_record=10_000 + s)
-                rows = teacher_rows(model, seqs, sampler, cfg.codec)
-                rows["onpolicy"] = torch.full((b,), kind == "onpolicy", dtype=torch.bool)
+                    first = (10_000 if kind == "onpolicy" else 20_000) + s
+                    seqs = generate_batch(model, prompts, cfg.window - prompt_len, writer,
+                                          cfg.seed, first_record=first)
+                rows = teacher_rows(model, seqs, sampler, cfg.codec)  # p̃: the deployment sampler
+                rows["onpolicy"] = torch.full((b,), writer is not None, dtype=torch.bool)
                 w.append(rows)
                 done += b
-                log(f"cache: {done}/{cfg.natural_windows + cfg.onpolicy_windows} windows "
-                    f"({time.time() - t0:.0f} s)")
+                log(f"cache: {done}/{total} windows ({time.time() - t0:.0f} s)")
     (out / "cache_config.json").write_text(json.dumps(asdict(cfg), indent=1))
     return out
 
 
+CACHE_COMPOSITION = ("natural_windows", "onpolicy_windows", "greedy_windows", "window")
+"""The settings that say what a teacher cache holds (a reused cache keeps its own)."""
+
+
 def prepare_cache(cfg: CacheConfig, log: Callable[[str], None] = print,
-                  max_memory: str | int | None = None) -> Path:
+                  max_memory: str | int | None = None,
+                  warn: Callable[[str], None] | None = None) -> Path:
     """The teacher cache in cfg.out_dir: reused when it holds one (made from cfg.target's
-    weights), else built from cfg.train. A new cache that fails half-way is removed."""
+    weights), else built from cfg.train. A new cache that fails half-way is removed. A reused
+    cache built with other `CACHE_COMPOSITION` settings than cfg's is reused as it is, with a
+    warning (`warn`, default `log`) naming them."""
     out, target = Path(cfg.out_dir), Path(cfg.target)
     if (out / "index.json").is_file():
         meta = json.loads((out / "index.json").read_text()).get("metadata", {})
@@ -200,6 +216,12 @@ def prepare_cache(cfg: CacheConfig, log: Callable[[str], None] = print,
             raise SettingError(literal(f"teacher cache {out} was built from another target than "
                                        f"{target}; ") + "pass another {0} (with {1}) to build "
                                "one for it", "cache", "train")
+        held = meta.get("cache_config", {})
+        differ = [f"{k} {held.get(k, 0)} (asked {getattr(cfg, k)})" for k in CACHE_COMPOSITION
+                  if held.get(k, 0) != getattr(cfg, k)]
+        if differ:
+            (warn or log)(f"teacher cache {out} is reused as built: " + ", ".join(differ)
+                          + "; a new cache folder is built with these settings")
         return out
     if not cfg.train:
         raise SettingError(literal(f"no teacher cache at {out}; ") + "pass {0} FASTA... to "
