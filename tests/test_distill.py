@@ -302,6 +302,8 @@ def test_export_is_a_loadable_drafter_stamped_with_the_target(cache, data, targe
     assert cfg["kind"] == "dspark" and cfg["target_hash"] == weights_hash(target_dir)
     assert cfg["target_hidden"] == 32 and cfg["target_layers"] == 2 and cfg["prefix_len"] == 16
     assert cfg["training"]["steps"] == 6 and cfg["training"]["supervised_positions"] == 6 * 8 * 4
+    assert cfg["training"]["cache_windows"] == (f"{NATURAL} natural, {ONPOLICY} sampled, "
+                                                f"0 greedy x {WINDOW} tokens")
     d = load_drafter(folder, load_model(target_dir))
     assert isinstance(d, DSparkDrafter)
     mine, theirs = tr.net.state_dict(), d.net.state_dict()

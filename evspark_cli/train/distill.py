@@ -397,11 +397,20 @@ class DistillTrainer:
             if self.step % c.ckpt_every == 0 or self.step == c.steps:
                 self.save()
 
+    def _windows(self) -> str:
+        """What the teacher cache held, as its windows of each kind (the drafter's record)."""
+        held = self.data.meta.get("cache_config", {})
+        kinds = (("natural", "natural_windows"), ("sampled", "onpolicy_windows"),
+                 ("greedy", "greedy_windows"))
+        counts = ", ".join(f"{held.get(k, 0)} {name}" for name, k in kinds)
+        return f"{counts} x {held.get('window', self.data.seq_len)} tokens"
+
     def export(self, dest: str | Path | None = None) -> Path:
         c = self.cfg
         self.net.cfg.training = {"seed": c.seed, "steps": self.step, "batch": c.batch,
                                  "gamma": c.gamma, "markov_order": c.markov_order,
                                  "supervised_positions": self.step * c.batch * c.gamma,
-                                 "cache": str(c.cache), "wall_s": round(self.wall, 1),
+                                 "cache": str(c.cache), "cache_windows": self._windows(),
+                                 "wall_s": round(self.wall, 1),
                                  "loss": "0.1*CE + 0.9*L1(q, p~), weights exp(-(k-1)/4)"}
         return save_drafter(self.net.eval(), dest or self.out / "drafter")
