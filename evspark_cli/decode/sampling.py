@@ -103,6 +103,10 @@ class SamplerConfig:
                                            f"probability the fp32 sampler represents), got {p!r}")
 
 
+GREEDY = SamplerConfig(1.0, 1, 1.0)
+"""Greedy decoding: the top-1 sampler (sampling's zero-temperature limit)."""
+
+
 # --------------------------------------------------------------------------- sampler transform
 
 

@@ -27,7 +27,7 @@ from ..decode.drafters.registry import bundled_drafter_dir, drafter_name, resolv
 from ..decode.jobs import DecodeResult, largest_draft, row_reserve
 from ..decode.native import decode_native
 from ..decode.prefill import Prefilled, prefill_prompt
-from ..decode.sampling import RULES, SamplerConfig
+from ..decode.sampling import GREEDY, RULES, SamplerConfig
 from ..decode.speculative import decode_speculative
 from ..errors import SettingError, at_least
 from ..generation.options import MAX_NEW_TOKENS, MAX_SAMPLES, at_most, check_gamma
@@ -38,7 +38,6 @@ from ..model.model import StripedHyena
 from .compare import compare_greedy, default_tie_tolerance, side_by_side
 from .provenance import machine_info, provenance
 
-GREEDY = SamplerConfig(1.0, 1, 1.0)
 SAMPLED = SamplerConfig(1.0, 4, 1.0)
 
 

@@ -19,7 +19,7 @@ from ..decode.drafters.base import Drafter
 from ..decode.drafters.registry import drafter_name
 from ..decode.interleave import interleave, timed_run
 from ..decode.jobs import DecodeResult, Job
-from ..decode.sampling import SamplerConfig
+from ..decode.sampling import GREEDY, SamplerConfig
 from ..errors import InputError, SettingError, printable
 from ..generation.jobs import Record, build_jobs
 from ..generation.options import DecodeOptions
@@ -27,8 +27,6 @@ from ..generation.plan import plan_batch
 from ..io.types import Prompt
 from ..model.model import StripedHyena
 from .compare import compare_greedy, default_tie_tolerance, side_by_side
-
-GREEDY = SamplerConfig(1.0, 1, 1.0)
 
 
 @dataclass(frozen=True)

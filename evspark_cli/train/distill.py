@@ -26,7 +26,14 @@ import torch
 
 from ..alphabet import BASE_IDS
 from ..decode.drafters.dspark import MAX_MARKOV_ORDER, DSparkConfig, DSparkNet, save_drafter
-from ..decode.sampling import Purpose, SamplerConfig, sample_from_probs, sampler_probs, uniform
+from ..decode.sampling import (
+    GREEDY,
+    Purpose,
+    SamplerConfig,
+    sample_from_probs,
+    sampler_probs,
+    uniform,
+)
 from ..errors import SettingError, at_least, literal
 from ..files import atomic_path
 from ..model.checkpoint import WEIGHTS, load_model, resolve_device, weights_hash
@@ -177,7 +184,7 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print,
         done, total = 0, cfg.natural_windows + generated
         kinds = (("natural", cfg.natural_windows, None),
                  ("onpolicy", cfg.onpolicy_windows, sampler),
-                 ("greedy", cfg.greedy_windows, SamplerConfig(1.0, 1, 1.0)))
+                 ("greedy", cfg.greedy_windows, GREEDY))
         for kind, n, writer in kinds:  # writer: how the target continues a natural prompt
             for s in range(0, n, cfg.batch):
                 b = min(cfg.batch, n - s)
@@ -197,7 +204,10 @@ def build_cache(cfg: CacheConfig, log: Callable[[str], None] = print,
     return out
 
 
-CACHE_COMPOSITION = ("natural_windows", "onpolicy_windows", "greedy_windows", "window")
+WINDOW_KINDS = (("natural", "natural_windows"), ("sampled", "onpolicy_windows"),
+                ("greedy", "greedy_windows"))
+"""A teacher cache's kinds of window and the `CacheConfig` field that counts each."""
+CACHE_COMPOSITION = (*(k for _, k in WINDOW_KINDS), "window")
 """The settings that say what a teacher cache holds (a reused cache keeps its own)."""
 
 
@@ -216,9 +226,9 @@ def prepare_cache(cfg: CacheConfig, log: Callable[[str], None] = print,
             raise SettingError(literal(f"teacher cache {out} was built from another target than "
                                        f"{target}; ") + "pass another {0} (with {1}) to build "
                                "one for it", "cache", "train")
-        held = meta.get("cache_config", {})
+        held = meta.get("cache_config", {})  # absent from caches too old to record it
         differ = [f"{k} {held.get(k, 0)} (asked {getattr(cfg, k)})" for k in CACHE_COMPOSITION
-                  if held.get(k, 0) != getattr(cfg, k)]
+                  if held and held.get(k, 0) != getattr(cfg, k)]
         if differ:
             (warn or log)(f"teacher cache {out} is reused as built: " + ", ".join(differ)
                           + "; a new cache folder is built with these settings")
@@ -400,9 +410,7 @@ class DistillTrainer:
     def _windows(self) -> str:
         """What the teacher cache held, as its windows of each kind (the drafter's record)."""
         held = self.data.meta.get("cache_config", {})
-        kinds = (("natural", "natural_windows"), ("sampled", "onpolicy_windows"),
-                 ("greedy", "greedy_windows"))
-        counts = ", ".join(f"{held.get(k, 0)} {name}" for name, k in kinds)
+        counts = ", ".join(f"{held.get(k, 0)} {name}" for name, k in WINDOW_KINDS)
         return f"{counts} x {held.get('window', self.data.seq_len)} tokens"
 
     def export(self, dest: str | Path | None = None) -> Path:
