@@ -231,7 +231,7 @@ def prepare_cache(cfg: CacheConfig, log: Callable[[str], None] = print,
                   if held and held.get(k, 0) != getattr(cfg, k)]
         if differ:
             (warn or log)(f"teacher cache {out} is reused as built: " + ", ".join(differ)
-                          + "; a new cache folder is built with these settings")
+                          + "; give a new cache folder to build one with these settings")
         return out
     if not cfg.train:
         raise SettingError(literal(f"no teacher cache at {out}; ") + "pass {0} FASTA... to "
