@@ -258,6 +258,22 @@ def test_distillation_lowers_the_loss(cache, data, tmp_path):
     assert (tmp_path / "run" / "ckpt.pt").is_file()
 
 
+def test_a_trunk_markov_drafter_trains_exports_and_loads(cache, data, tmp_path):
+    """--trunk-markov: the trunk's table is learned (it moves from zero), the exported folder
+    says so in its config and training record, and it loads into an equal net."""
+    from evspark_cli.decode.drafters.dspark import load_drafter
+
+    tr = DistillTrainer(small(cache, tmp_path / "run", steps=20, trunk_markov=True), data)
+    assert tr.net.pair is not None and not bool(tr.net.pair.weight.any())
+    tr.run()
+    assert bool(tr.net.pair.weight.any())
+    folder = tr.export(tmp_path / "d")
+    raw = json.loads((folder / "config.json").read_text())
+    assert raw["trunk_markov"] is True and raw["training"]["trunk_markov"] is True
+    back = load_drafter(folder).net
+    assert torch.equal(back.pair.weight, tr.net.pair.weight)
+
+
 def test_resume_continues_exactly_like_an_uninterrupted_run(cache, data, tmp_path):
     kw = dict(steps=12, ckpt_every=5)
     a = DistillTrainer(small(cache, tmp_path / "a", **kw), data)

@@ -96,18 +96,23 @@ def distilled(target_dir, tmp_path_factory) -> DSparkDrafter:
     return load_drafter(tr.export(tmp / "drafter"), load_model(target_dir))
 
 
-def random_net(seed: int, target_hash: str = "", gamma_max: int = 8, order: int = 1
-               ) -> DSparkNet:
-    """An untrained drafter with a strong random Markov table and head: q far from uniform."""
+def random_net(seed: int, target_hash: str = "", gamma_max: int = 8, order: int = 1,
+               trunk_markov: bool = False) -> DSparkNet:
+    """An untrained drafter with a strong random Markov table and head: q far from uniform
+    (and, with `trunk_markov`, a strong random trunk table)."""
     torch.manual_seed(seed)
     net = DSparkNet(DSparkConfig(target_hidden=32, target_layers=2, width=32, layers=1, heads=2,
                                  prefix_len=P, gamma_max=gamma_max, target_hash=target_hash,
-                                 target_name="tiny", markov_order=order))
+                                 target_name="tiny", markov_order=order,
+                                 trunk_markov=trunk_markov))
     g = torch.Generator().manual_seed(1000 + seed)
     with torch.no_grad():
         net.markov.copy_(1.5 * torch.randn(net.markov.shape, generator=g))
         net.head.weight.copy_(2.0 * torch.randn(net.head.weight.shape, generator=g) / math.sqrt(32))
         net.head.bias.copy_(torch.randn(net.head.bias.shape, generator=g))
+        if net.pair is not None:
+            net.pair.weight.copy_(2.0 * torch.randn(net.pair.weight.shape, generator=g)
+                                  / math.sqrt(32))
     return net.eval()
 
 
@@ -284,6 +289,27 @@ def test_markov_head_moves_q_with_the_previous_token():
                 assert float((q2[a] - q2[b]).abs().sum()) > 0.05
 
 
+def test_a_trunk_markov_table_depends_on_the_context_and_the_previous_token():
+    """With `trunk_markov`, slot k's correction for previous token b is B_k[b] plus the trunk's
+    own table for the slot: it differs between contexts (the static table alone cannot), and
+    teacher-forced logits pick the row of b from every conditional."""
+    net = random_net(2, trunk_markov=True)
+    g = torch.Generator().manual_seed(0)
+    ctx = net.condition(torch.randn(2, P, 2, 32, generator=g))
+    valid = torch.ones(2, P, dtype=torch.bool)
+    anchor = torch.tensor([67, 67])
+    with torch.no_grad():
+        base = net.base_logits(ctx, valid, anchor, 3)
+        Z = net.conditionals(ctx, valid, anchor, 3)  # (2, 3, classes, A)
+        corr = Z - base[:, :, None, :] - net.markov[:3]
+        assert float((corr[0] - corr[1]).abs().max()) > 0.1  # context-dependent tables
+        for b in DNA + [N_ID]:
+            z = net.logits(ctx, valid, anchor, torch.tensor([[67, b, 65]] * 2))
+            row = DNA.index(b) if b in DNA else 4
+            torch.testing.assert_close(z[:, 1], Z[:, 1, row], rtol=0, atol=0)
+    assert net.cfg.parameter_count() == sum(p.numel() for p in net.parameters())
+
+
 def phix_teacher(target_dir, tmp_path):
     """A small teacher cache of phiX windows, loaded for training batches."""
     from evspark_cli.train.distill import CacheConfig, TeacherData, build_cache
@@ -355,8 +381,9 @@ def test_training_teacher_forces_the_markov_head_with_true_previous_tokens(targe
 # ---------------------------------------------------------------------- (3) save/load round trip
 
 
-def test_save_load_round_trip_gives_identical_q(tmp_path, target, genome):
-    net = random_net(4, target_hash="")
+@pytest.mark.parametrize("trunk_markov", [False, True])
+def test_save_load_round_trip_gives_identical_q(tmp_path, target, genome, trunk_markov):
+    net = random_net(4, target_hash="", trunk_markov=trunk_markov)
     folder = save_drafter(net, tmp_path / "d")
     assert json.loads((folder / "config.json").read_text())["kind"] == "dspark"
     back = load_drafter(folder, target)
@@ -581,8 +608,9 @@ def test_acceptance_is_lossless_when_the_target_puts_mass_on_n(target_dir, genom
                                      SamplerConfig(0.7, 0, 0.9, "coupled")],
                          ids=["evo2", "t0.7-k3-p0.9", "greedy", "t1.3-p0.8", "coupled-evo2",
                               "coupled-t0.7-p0.9"])
-@pytest.mark.parametrize("order", [1, 3])
-def test_batched_draws_equal_the_left_to_right_reference(target, sampler, order):
+@pytest.mark.parametrize("order,trunk_markov", [(1, False), (3, False), (1, True), (2, True)],
+                         ids=["order1", "order3", "trunk-order1", "trunk-order2"])
+def test_batched_draws_equal_the_left_to_right_reference(target, sampler, order, trunk_markov):
     """propose() transforms every Markov conditional in one batch and walks the draws for all
     rows at once on the host (inverse-CDF on host floats, or every conditional's Gumbel-max
     winner, coupled); it must give exactly the drafts and q of the plain left-to-right loop (one
@@ -593,11 +621,18 @@ def test_batched_draws_equal_the_left_to_right_reference(target, sampler, order)
     def reference(d: OneRow, state, anchor: int, gamma: int):
         net = d.rows.net
         U = net.base_logits(d.prefix, d.valid, torch.tensor([anchor]), gamma)[0].float()
+        trunk_table = torch.zeros_like(net.markov[:gamma])
+        if net.pair is not None:  # the trunk's own table, from the same trunk output
+            h = net._trunk(d.prefix, d.valid, torch.tensor([anchor]), gamma)[0]
+            trunk_table = net.pair(h).view(gamma, net.cfg.classes, -1)
         seen = [0] * order + d.ctx.prompt[:-1] + [anchor]  # id 0: "other", before the start
         drafts, qs = [], []
         for k in range(gamma):
             cls = sum(int(net.lut[seen[-1 - j]]) * 5 ** j for j in range(order))
-            tok, q = draw_on_alphabet(U[k] + net.markov[k, cls].float(), d.rows.alpha,
+            z = U[k] + net.markov[k, cls].float()
+            if net.pair is not None:
+                z = z + trunk_table[k, cls]
+            tok, q = draw_on_alphabet(z, d.rows.alpha,
                                       d.ctx.sampler, d.ctx.rng, state.seqlen + 1 + k,
                                       d.rows.cfg.vocab_size)
             drafts.append(tok)
@@ -605,7 +640,7 @@ def test_batched_draws_equal_the_left_to_right_reference(target, sampler, order)
             seen.append(tok)
         return torch.tensor(drafts), torch.stack(qs)
 
-    drafter = DSparkDrafter(random_net(5, order=order))
+    drafter = DSparkDrafter(random_net(5, order=order, trunk_markov=trunk_markov))
     with torch.inference_mode():
         prompts = ["ACGTTGCAAGGCTTAGCCATGAC" * (seed + 1) for seed in range(3)] + ["GA"]
         for seed, text in enumerate(prompts):

@@ -10,7 +10,7 @@ import typer
 
 from .app import command, interrupt_code, say
 from .common import use_threads, warn
-from .options import MaxMemoryOpt, ModelOpt, QuietOpt, ThreadsOpt
+from .options import MaxMemoryOpt, ModelOpt, QuietOpt, ThreadsOpt, option
 from .progress import Progress
 
 EXAMPLE = """Example: distil a drafter (seed 1) for a converted Evo 2 model from your genomes,
@@ -44,6 +44,9 @@ def distill(
     prefix: int = typer.Option(64, "--prefix", help="Hidden-state prefix length P."),
     markov_order: int = typer.Option(1, "--markov-order", help="Tokens the Markov head reads "
                                      "before each draft (1: the previous token only)."),
+    trunk_markov: bool = option(False, "--trunk-markov", help="The trunk also writes each "
+                                "draft slot's Markov table, so how a draft follows the tokens "
+                                "before it depends on the context."),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Checkpoints and log "
                                           "(resumable; default OUT.run)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda: where the target "
@@ -62,7 +65,8 @@ def distill(
     dest = Path(out) if out else target / "drafters" / f"seed{seed}"
     cfg = DistillConfig(cache=str(cache_dir), out_dir=run_dir or f"{dest}.run", seed=seed,
                         steps=steps, batch=batch, gamma=gamma, width=width, layers=layers,
-                        prefix_len=prefix, markov_order=markov_order, device=device)
+                        prefix_len=prefix, markov_order=markov_order,
+                        trunk_markov=trunk_markov, device=device)
     cache_cfg = CacheConfig(target=str(target), out_dir=str(cache_dir),
                             train=list(train_data or []), natural_windows=natural_windows,
                             onpolicy_windows=onpolicy_windows, greedy_windows=greedy_windows,

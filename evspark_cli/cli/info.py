@@ -97,7 +97,8 @@ def _drafter_info(folder: str, max_memory: str | None) -> None:
     out_line(f"drafter        dspark  ({folder})")
     out_line(f"parameters     {sum(p.numel() for p in d.net.parameters()):,}")
     out_line(f"net            width {c.width}  layers {c.layers}  heads {c.heads}  mlp ratio "
-             f"{c.mlp_ratio}  Markov order {c.markov_order}")
+             f"{c.mlp_ratio}  Markov order {c.markov_order}"
+             + ("  (tables from the trunk)" if c.trunk_markov else ""))
     out_line(f"drafts         up to {c.gamma_max} a round (--gamma {c.gamma_max} at most), "
              f"conditioned on the target's last {c.prefix_len} positions")
     out_line(f"target         {target}: hidden {c.target_hidden}, {c.target_layers} conditioning "

@@ -94,6 +94,7 @@ class DistillConfig:
     heads: int = 4
     prefix_len: int = 64
     markov_order: int = 1  # the Markov head's context (tokens); 1 is DSpark's previous token
+    trunk_markov: bool = False  # the trunk writes each slot's Markov table too
     lr: float = 2e-3
     warmup: int = 100
     weight_decay: float = 0.01
@@ -323,7 +324,7 @@ class DistillTrainer:
         dcfg = DSparkConfig(target_hidden=int(meta["hidden_size"]), target_layers=len(tl),
                             width=cfg.width, layers=cfg.layers, heads=cfg.heads,
                             prefix_len=cfg.prefix_len, gamma_max=cfg.gamma_max,
-                            markov_order=cfg.markov_order,
+                            markov_order=cfg.markov_order, trunk_markov=cfg.trunk_markov,
                             target_hash=meta.get("target_hash", ""),
                             target_name=Path(meta.get("cache_config", {}).get("target", "")).name)
         dcfg.validate("the drafter to distil")
@@ -417,6 +418,7 @@ class DistillTrainer:
         c = self.cfg
         self.net.cfg.training = {"seed": c.seed, "steps": self.step, "batch": c.batch,
                                  "gamma": c.gamma, "markov_order": c.markov_order,
+                                 **({"trunk_markov": True} if c.trunk_markov else {}),
                                  "supervised_positions": self.step * c.batch * c.gamma,
                                  "cache": str(c.cache), "cache_windows": self._windows(),
                                  "wall_s": round(self.wall, 1),

@@ -54,6 +54,7 @@ class DSparkConfig:
     prefix_len: int = 64  # P: committed positions the trunk attends to
     gamma_max: int = 16
     markov_order: int = 1  # the Markov head's context: the last m tokens before a draft
+    trunk_markov: bool = False  # the trunk writes each slot's Markov table too (per context)
     alphabet: list[int] = field(default_factory=lambda: list(BASE_IDS))
     vocab_size: int = 512
     target_hash: str = ""
@@ -95,6 +96,9 @@ class DSparkConfig:
         if self.markov_order > MAX_MARKOV_ORDER:
             raise ModelError(f"{where}: markov_order must be at most {MAX_MARKOV_ORDER}, got "
                              f"{self.markov_order}")
+        if not isinstance(self.trunk_markov, bool):
+            raise ModelError(f"{where}: trunk_markov must be true or false, got "
+                             f"{_short(self.trunk_markov)}")
         if self.width % self.heads:
             raise ModelError(f"{where}: width {self.width} is not a multiple of heads "
                              f"{self.heads}")
@@ -116,7 +120,7 @@ class DSparkConfig:
         per_layer = 3 * d + 4 * d * d + 3 * r * d * d
         return (self.target_layers * self.target_hidden * d + 3 * d + self.prefix_len * d
                 + (V + 1) * d + self.gamma_max * d + self.layers * per_layer + d * V + V
-                + self.gamma_max * self.classes * V)
+                + self.gamma_max * self.classes * V + self.trunk_markov * d * self.classes * V)
 
     def memory_bytes(self) -> int:
         """A loaded drafter's memory, fp32: its parameters, the token lookup table, and one
@@ -186,12 +190,17 @@ class DSparkNet(nn.Module):
         self.out_norm = _Norm(d)
         self.head = nn.Linear(d, V, bias=True)
         self.markov = nn.Parameter(torch.zeros(cfg.gamma_max, cfg.classes, V))  # B_k[ctx, next]
+        # the trunk's own table per slot (B, gamma, classes, V): how a draft follows the tokens
+        # before it may then depend on the context, not only on the slot
+        self.pair = nn.Linear(d, cfg.classes * V, bias=False) if cfg.trunk_markov else None
         lut = torch.full((cfg.vocab_size,), V, dtype=torch.long)
         lut[torch.tensor(cfg.alphabet)] = torch.arange(V)
         self.register_buffer("lut", lut, persistent=False)
         for p in self.parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, 0.0, 0.02)
+        if self.pair is not None:
+            nn.init.zeros_(self.pair.weight)  # starts as the static table
 
     def condition(self, hidden: Tensor) -> Tensor:
         """(B, P, n_layers, D_target) raw target hidden states -> (B, P, d)."""
@@ -202,6 +211,21 @@ class DSparkNet(nn.Module):
                     ) -> Tensor:
         """Trunk: U (B, gamma, V) from conditioning (B, P, d), valid mask (B, P) (None: all
         valid), anchors (B,)."""
+        return self.head(self._trunk(ctx, ctx_valid, anchor, gamma))
+
+    def conditionals(self, ctx: Tensor, ctx_valid: Tensor | None, anchor: Tensor, gamma: int
+                     ) -> Tensor:
+        """Every Markov conditional's logits Z (B, gamma, classes, V): U_k + B_k[c], plus the
+        trunk's table for the slot (`trunk_markov`)."""
+        h = self._trunk(ctx, ctx_valid, anchor, gamma)
+        Z = self.head(h)[:, :, None, :] + self.markov[:gamma]
+        if self.pair is not None:
+            Z = Z + self.pair(h).view(*h.shape[:2], self.cfg.classes, self.cfg.n_alpha)
+        return Z
+
+    def _trunk(self, ctx: Tensor, ctx_valid: Tensor | None, anchor: Tensor, gamma: int
+               ) -> Tensor:
+        """The trunk's normalised output (B, gamma, d) for every draft slot."""
         B, P, d = ctx.shape
         ctx = ctx + self.ctx_pos.weight[-P:] if P else ctx
         slots = self.mask.expand(B, gamma, d).clone()
@@ -213,7 +237,7 @@ class DSparkNet(nn.Module):
             mask = keep[:, None, None, :]
         for blk in self.blocks:
             x = blk(x, ctx, mask)
-        return self.head(self.out_norm(x))
+        return self.out_norm(x)
 
     def context_class(self, prev: Tensor) -> Tensor:
         """The Markov row of each context: prev (..., m) tokens, prev[..., 0] the newest (the
@@ -231,10 +255,9 @@ class DSparkNet(nn.Module):
         if prev.shape[-1] != self.cfg.markov_order:
             raise ValueError(f"prev holds {prev.shape[-1]} tokens per slot; this head's order "
                              f"is {self.cfg.markov_order}")
-        U = self.base_logits(ctx, ctx_valid, anchor, gamma)
+        Z = self.conditionals(ctx, ctx_valid, anchor, gamma)
         rows = self.context_class(prev)  # (B, gamma)
-        bias = self.markov[torch.arange(gamma, device=rows.device), rows]  # (B, gamma, V)
-        return U + bias
+        return Z.gather(2, rows[:, :, None, None].expand(-1, -1, 1, Z.shape[-1]))[:, :, 0]
 
 
 class DSparkDrafter:
@@ -386,10 +409,9 @@ class DSparkRows:
         if self._full is None:
             self._full = bool(self.valid.all())
         valid = None if self._full else self.valid if whole else self.valid[rows]
-        U = net.base_logits(ctx, valid, torch.tensor(anchors, device=ctx.device), gamma).float()
         # every conditional the left-to-right draws can meet, transformed in one batch:
-        # Q[r, k, c] = S(U_rk + B_k[c]) over the alphabet, for every context class c
-        Z = U[:, :, None, :] + net.markov[:gamma].float()
+        # Q[r, k, c] = S(Z_rkc) over the alphabet, for every context class c
+        Z = net.conditionals(ctx, valid, torch.tensor(anchors, device=ctx.device), gamma).float()
         Q = sampler_probs(Z, self.sampler)
         if self.sampler.coupled and not self.sampler.greedy:
             scores = self._coupled_scores(Q, rows, positions)
