@@ -4,11 +4,13 @@ One trunk pass proposes all gamma positions at once from the target's hidden sta
 last P committed positions (the "hidden-state prefix"); a V x V Markov table per draft position
 (V = the DNA alphabet, so the table is tiny) then makes each draft depend on the previous draft:
 
-    z_k = U_k + B_k[x_{k-m}..x_{k-1}],   q_k = S(z_k),   d_k ~ q_k   (left to right, fp32)
+    z_k = U_k + B_k[c_k] (+ T(h_k)[c_k]),   q_k = S(z_k),   d_k ~ q_k   (left to right, fp32)
 
-where U_k are the trunk's base logits, x_0 is the anchor (x_{<0} the committed tokens before it),
-m is the table's order (`markov_order`: 1 is DSpark's previous-token head; DNA's alphabet makes
-the (A+1)^m-row table of a higher order cheap too) and S is the target's own sampler
+where U_k are the trunk's base logits, c_k the context x_{k-m}..x_{k-1}, x_0 is the anchor
+(x_{<0} the committed tokens before it), m is the table's order (`markov_order`: 1 is DSpark's
+previous-token head; DNA's alphabet makes the (A+1)^m-row table of a higher order cheap too),
+T(h_k) the table the trunk writes from slot k's output h_k (`trunk_markov`: how a draft follows
+the tokens before it then depends on the context) and S is the target's own sampler
 transform. q_k is exactly the distribution d_k is drawn from, as the acceptance rule requires.
 The hidden states of newly committed positions come from the verification pass (no extra target
 work). The folder records the hash of the target weights it was distilled from.
