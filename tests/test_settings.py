@@ -427,13 +427,14 @@ def test_info_describes_a_drafter_folder(phix_drafter, tmp_path):
         lines = r.out.splitlines()
         assert lines[0] == f"drafter        dspark  ({BUNDLED_DRAFTER})"
         assert lines[1].startswith("parameters     ") and "width 128  layers 2" in lines[2]
+        assert lines[2].endswith("Markov order 3  (tables from the trunk)")
         assert "up to 16 a round (--gamma 16 at most)" in lines[3]
         assert lines[4].startswith("target         evspark-sh2-192: hidden 192, 4 conditioning "
                                    "layers, vocabulary 512, weights sha256 1e3ee3156f59")
         assert lines[5] == f"bundled with   {home}"
         assert lines[6] == (f"use            evspark generate IN.fa --model {home} --drafter "
                             f"{BUNDLED_DRAFTER}")
-        assert lines[7].startswith("training       seed 0, steps 1200")
+        assert lines[7].startswith("training       seed 0, steps 4800")
     r = run_cli(["info", phix_drafter])
     assert r.code == 0, r.err
     assert "target         tiny-test: hidden 32" in r.out and "bundled with" not in r.out
