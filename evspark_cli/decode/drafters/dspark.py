@@ -42,7 +42,8 @@ PATH_SCALE = 0.2
 """The score gap (logit units) at which the tree planner takes the drafter's second letter to
 be e times less likely than its first to be the target's token (decode/tree.py): the drafter's
 error in its logits, which its perturbed scores (coupled) inherit. Measured on held-out genomes
-(0.1-0.3 gave the longest accepted runs of 0.05-3; docs/performance.md)."""
+(0.05-0.2 gave the bundled drafters the longest accepted runs of 0.05-3;
+docs/performance.md)."""
 
 
 @dataclass
