@@ -30,6 +30,7 @@ SMOKE = {
     "identity_vs_native": ["--records", "1", "--tokens", "8", "--runs", "1", "--batches", "1"],
     "timing_noise": ["--trace-s", "1", "--records", "1", "--tokens", "8", "--repeats", "1"],
     "fasta_reader": ["--megabases", "0.2", "--repeats", "1"],
+    "batch_bound": ["--batches", "2", "--gammas", "4", "--tokens", "16", "--jobs", "2"],
     "coupled_bar": ["--prompts-n", "2", "--tokens", "8", "--seeds", "0", "--batch-records", "1",
                     "--batch-samples", "2", "--batch-tokens", "8"],
     "drafter_budget": ["--drafters", "models/evspark-sh2-192/drafters/seed0", "--prompts-n", "1",
