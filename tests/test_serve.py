@@ -127,14 +127,19 @@ def _metric(url: str, name: str) -> float:
 
 
 def test_a_prompt_sent_again_is_prefilled_once(server, model):
-    """One sample per request, one request after another (a pipeline's shards): the second
-    and third take the first one's prefill from the prompt cache, and each equals the local
-    run of its sample."""
+    """One sample per request, one request after another (a pipeline's shards): only the first
+    prefills the prompt, and each equals the local run of its sample. A later request takes
+    the prefill from the prompt cache (a hit), or, when it reaches the batch before the
+    finished row of the one before has left, from the prefill that row's record shares with
+    its samples (no lookup): which one depends on timing, so the test counts the prefills
+    (the cache's misses), not the hits."""
     prompt = PROMPTS["d"] + "GATTACA"  # no other test sends it: its first request misses
     hits = _metric(server, "evspark_prompt_cache_hits_total")
+    misses = _metric(server, "evspark_prompt_cache_misses_total")
     with Client(server, api_key=KEY) as client:
         got = [client.generate(prompt, 21, sample=s, seed=4) for s in range(3)]
-    assert _metric(server, "evspark_prompt_cache_hits_total") - hits == 2
+    assert _metric(server, "evspark_prompt_cache_misses_total") - misses == 1
+    assert _metric(server, "evspark_prompt_cache_hits_total") - hits <= 2
     assert _metric(server, "evspark_prompt_cache_entries") >= 1
     for s, g in enumerate(got):
         assert g.tokens == evs.generate(model, prompt, 21, sample=s, seed=4).tokens
