@@ -149,9 +149,11 @@ def main() -> None:
     ap.add_argument("--gammas", default="8,12,16")
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--jobs", type=int, default=8, help="jobs per batch size (at least a batch)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the target's dtype (the drafter runs in fp32)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    model = load_model(ROOT / "models" / "evspark-sh2-192")
+    model = load_model(ROOT / "models" / "evspark-sh2-192", dtype=args.dtype)
     drafter = resolve_drafter(model, bundled_drafter_dir(model, 0))
     prompts = read_prompts([default_prompts()])
     times = RoundTimes()

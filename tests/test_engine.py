@@ -571,6 +571,39 @@ def test_split_attention_equals_masked(k, dtype):
     close(got.float(), want, tol=1e-5 if dtype == torch.float32 else 2e-2, what="split vs masked")
 
 
+@pytest.mark.parametrize("t0", [0, 7, 300, 2048 + 5])
+@pytest.mark.parametrize("k", [1, 2, 13])
+@pytest.mark.parametrize("lag", [0, 3])
+@torch.inference_mode()
+def test_bf16_cpu_blocks_attend_by_products(t0, k, lag):
+    """bf16 decode steps and verification blocks on a CPU attend by two products around an fp32
+    softmax (`attend_products`), rows at one position or `lag` apart (the ragged mask): within
+    bf16 rounding of an fp64 masked softmax, and each block query equal to the single step at
+    its position, up to a bf16 ulp of the output."""
+    from evspark_cli.model import attention
+
+    g = torch.Generator().manual_seed(t0 + 10 * k + lag)
+    n = t0 + lag + k
+    q = torch.randn(2, 3, k, 16, generator=g).bfloat16()
+    keys = torch.randn(2, 3, n, 16, generator=g).bfloat16()
+    vals = torch.randn(2, 3, n, 16, generator=g).bfloat16()
+    assert attention.low_precision_block(q)
+    rows = (t0, t0 + lag)
+    got = attention.attend_block(q, kv_cache(keys, vals), rows)
+    assert got.dtype == torch.bfloat16
+    for b, t in enumerate(rows):
+        allowed = torch.arange(n)[None, :] <= torch.arange(t, t + k)[:, None]
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q[b: b + 1].double(), keys[b: b + 1].double(), vals[b: b + 1].double(),
+            attn_mask=allowed)
+        close(got[b: b + 1], want, tol=2e-2, what=f"row {b} vs fp64")
+        for j in range(k):  # the step at position t + j over its own t + j + 1 keys
+            step = attention.attend_block(q[b: b + 1, :, j: j + 1],
+                                          kv_cache(keys[b: b + 1, :, : t + j + 1],
+                                                   vals[b: b + 1, :, : t + j + 1]), (t + j,))
+            close(step, got[b: b + 1, :, j: j + 1], tol=8e-3, what=f"row {b} step {j}")
+
+
 @pytest.mark.parametrize("t0", [0, 1, 500, 2047])
 @pytest.mark.parametrize("k", [2, 13, 64])
 @torch.no_grad()

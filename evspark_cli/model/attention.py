@@ -167,9 +167,52 @@ def _attend_call(q: Tensor, c: AttentionCall) -> Tensor:
     return _attend_ragged(q, c.keys, c.vals, c.t0)
 
 
+def low_precision_block(q: Tensor) -> bool:
+    """A decode step or verification block with bf16 / fp16 activations on a CPU in inference:
+    attended by `attend_products`, not by a fused kernel."""
+    return (q.device.type == "cpu" and q.dtype != torch.float32 and q.shape[2] <= MASKED_BLOCK
+            and not torch.is_grad_enabled())
+
+
+def attend_products(q: Tensor, keys: Tensor, vals: Tensor, mask: Tensor | None = None
+                    ) -> Tensor:
+    """Attention of a short low-precision block as two batched products around an fp32 softmax
+    (the last k keys causal for the block's own queries, or the additive `mask`).
+
+    Why: on a CPU the fused kernels take bf16 decode steps at several times their fp32 time
+    (a step's attention over 800 keys of 32 rows: 4.7 ms against 1.2 ms in fp32 on the AMD EPYC
+    of docs/performance.md), while bf16 products run at the CPU's bf16 rate and read half the
+    bytes of fp32 keys (0.6 ms). Scores round to bf16 as the model's other products do: the
+    logits' distance to fp32's was the same as the fused kernel's. Steps and blocks take the
+    same products, so a block still rounds as the steps it stands for."""
+    k = q.shape[2]
+    # keys are a slice of the cache: as the product's first operand they are read in place,
+    # as a transposed second operand bf16 bmm would copy them first (3x slower)
+    scores = torch.matmul(keys, q.transpose(-1, -2)).transpose(-1, -2).float()
+    scores = scores.mul_(q.shape[-1] ** -0.5)
+    if mask is not None:
+        scores = scores.add_(mask)
+    elif k > 1:
+        scores[..., -k:].masked_fill_(_future(k, q.device), -math.inf)
+    return torch.matmul(scores.softmax(-1).to(q.dtype), vals)
+
+
+_FUTURE: dict[tuple, Tensor] = {}
+
+
+def _future(k: int, device) -> Tensor:
+    """(k, k) True above the diagonal: a block's keys its earlier queries must not see."""
+    key = (k, torch.device(device))
+    if key not in _FUTURE:
+        _FUTURE[key] = torch.ones(k, k, dtype=torch.bool, device=device).triu(1)
+    return _FUTURE[key]
+
+
 def attend(q: Tensor, keys: Tensor, vals: Tensor, t: int) -> Tensor:
     """Queries at positions t..t+k-1 over keys 0..t+k-1 (rows all at position t)."""
     k = q.shape[2]
+    if low_precision_block(q):
+        return attend_products(q, keys[:, :, :t + k], vals[:, :, :t + k])
     if k == 1:
         return F.scaled_dot_product_attention(q, keys, vals)
     if t == 0 and k > MASKED_BLOCK:  # a prompt's first chunk: causal over its own keys only,
@@ -212,6 +255,9 @@ def _attend_ragged(q: Tensor, keys: Tensor, vals: Tensor, t0: Lengths) -> Tensor
     are masked per row, the two passes merged by their log-sum-exps (as `_attend_split`)."""
     k = q.shape[2]
     lo, hi = min(t0), max(t0) + k
+    if low_precision_block(q):
+        return attend_products(q, keys[:, :, :hi], vals[:, :, :hi],
+                               ragged_mask(t0, k, 0, hi, torch.float32, q.device))
     if lo >= SPLIT_MIN_PREFIX and _flash_lse is not None and q.device.type == "cpu":
         tail = ragged_mask(t0, k, lo, hi - lo, q.dtype, q.device)
         o1, l1 = _flash_lse(q, keys[:, :, :lo], vals[:, :, :lo])[:2]
