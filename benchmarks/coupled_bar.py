@@ -86,7 +86,9 @@ def divergences(native, spec) -> dict:
     rows = [compare_greedy(str(i), native[i], spec[i], TIE) for i in native]
     bad = [r for r in rows if r["divergence"] is not None and not r["tie"]]
     return {"jobs": len(rows), "identical": sum(r["divergence"] is None for r in rows),
-            "ties": sum(r["tie"] for r in rows), "non_tie_divergences": len(bad)}
+            "ties": sum(r["tie"] for r in rows), "non_tie_divergences": len(bad),
+            "non_tie_margins": sorted(round(r["native_margin"], 4) for r in bad
+                                      if r["native_margin"] is not None)}
 
 
 def single_stream(model, prompts, drafters, args, log) -> dict:
