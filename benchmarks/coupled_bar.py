@@ -37,7 +37,7 @@ from evspark_cli.decode.interleave import interleave, timed_run  # noqa: E402
 from evspark_cli.decode.drafters.registry import bundled_drafter_dir, resolve_drafter  # noqa: E402
 from evspark_cli.decode.sampling import SamplerConfig  # noqa: E402
 from evspark_cli.eval.bench import default_prompts  # noqa: E402
-from evspark_cli.eval.compare import compare_greedy  # noqa: E402
+from evspark_cli.eval.compare import compare_greedy, default_tie_tolerance  # noqa: E402
 from evspark_cli.eval.provenance import provenance  # noqa: E402
 from evspark_cli.generation.jobs import Record, build_jobs  # noqa: E402
 from evspark_cli.generation.options import DecodeOptions, default_batch_size  # noqa: E402
@@ -47,7 +47,6 @@ from evspark_cli.model.checkpoint import load_model  # noqa: E402
 SAMPLERS = {"coupled-t1-k4": SamplerConfig(1.0, 4, 1.0, "coupled"),
             "coupled-t0.7-p0.9": SamplerConfig(0.7, 0, 0.9, "coupled")}
 BASELINES = {"greedy": SamplerConfig(1.0, 1, 1.0), "residual-t1-k4": SamplerConfig(1.0, 4, 1.0)}
-TIE = 1e-3
 
 
 def decode(model, jobs, sampler, drafter, gamma, batch, adaptive=False, margins=False):
@@ -82,8 +81,10 @@ def tally(results) -> dict:
             "efficiency": round(tokens / verified, 3) if verified else None}
 
 
-def divergences(native, spec) -> dict:
-    rows = [compare_greedy(str(i), native[i], spec[i], TIE) for i in native]
+def divergences(native, spec, tie: float) -> dict:
+    """Jobs compared token for token; a divergence is a tie below `tie` (`evspark verify`'s
+    default for the model's dtype: 1e-3 in fp32, 0.1 in bf16)."""
+    rows = [compare_greedy(str(i), native[i], spec[i], tie) for i in native]
     bad = [r for r in rows if r["divergence"] is not None and not r["tie"]]
     return {"jobs": len(rows), "identical": sum(r["divergence"] is None for r in rows),
             "ties": sum(r["tie"] for r in rows), "non_tie_divergences": len(bad),
@@ -123,15 +124,15 @@ def single_stream(model, prompts, drafters, args, log) -> dict:
             key = f"{seed}/gamma{gamma}/{'confidence' if adaptive else 'fixed'}"
             row = {"speedup": round(native_s / spec_s[v], 3), **tally(spec[v])}
             if coupled_or_greedy:
-                row["vs_native"] = divergences(native, spec[v])
+                row["vs_native"] = divergences(native, spec[v], args.tie)
             section["single_stream"][key] = row
             log(f"{name} b1 {key}: {row}")
         if name in SAMPLERS:  # exactness at the default batch, every seed
             section["default_batch"] = {}
             for seed, d in seeds.items():
                 res, dt = decode(model, jobs, sampler, d, args.gamma, args.batch_size)
-                row = {"seconds": round(dt, 2), **tally(res), "vs_native": divergences(native,
-                                                                                       res)}
+                row = {"seconds": round(dt, 2), **tally(res), "vs_native": divergences(native, res,
+                                                                                       args.tie)}
                 section["default_batch"][seed] = row
                 log(f"{name} b{args.batch_size} {seed}: {row}")
         out[name] = section
@@ -171,7 +172,7 @@ def batched(model, prompts, drafter, args, single_native: dict, log) -> dict:
                                    margins=True)
             row["native_rerun_equal"] = all(again[i].tokens == nat[i].tokens for i in nat)
             for (mode, _), (res, _) in zip(modes, specs):
-                row[mode]["vs_native"] = divergences(again, res)
+                row[mode]["vs_native"] = divergences(again, res, args.tie)
         out[name] = row
         log(f"batched {name}: {row}")
     return out
@@ -195,6 +196,7 @@ def main() -> None:
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     model = load_model(ROOT / "models" / "evspark-sh2-192", dtype=args.dtype)
+    args.tie = default_tie_tolerance(model.dtype)
     args.batch_size = args.batch_size or default_batch_size(model.device)
     drafters = {f"dspark-seed{s}": resolve_drafter(model, bundled_drafter_dir(model, int(s)))
                 for s in args.seeds.split(",")}
