@@ -28,6 +28,7 @@ from coupled_bar import divergences, in_turns, tally  # noqa: E402
 from drafter_budget import load_suite, suite_options  # noqa: E402
 from evspark_cli.decode.drafters.registry import resolve_drafter  # noqa: E402
 from evspark_cli.decode.sampling import SamplerConfig  # noqa: E402
+from evspark_cli.eval.compare import default_tie_tolerance  # noqa: E402
 from evspark_cli.eval.provenance import provenance  # noqa: E402
 from evspark_cli.generation.jobs import Record, build_jobs  # noqa: E402
 from evspark_cli.generation.options import DecodeOptions  # noqa: E402
@@ -62,7 +63,8 @@ def main() -> None:
         for i, (f, g) in enumerate(specs, 1):
             rows[f"{f}@{g}"] = {"speedup": round(seconds[0] / seconds[i], 3),
                                 **tally(results[i]),
-                                "vs_native": divergences(results[0], results[i])}
+                                "vs_native": divergences(results[0], results[i],
+                                                         default_tie_tolerance(model.dtype))}
             print(f"{rule} {f}@{g}: {rows[f'{f}@{g}']}", file=sys.stderr, flush=True)
         out[rule] = {"native_tokens_per_s": round(
             sum(len(r.tokens) for r in results[0].values()) / seconds[0], 1), "ways": rows}
