@@ -164,8 +164,7 @@ def batched(model, prompts, drafter, args, single_native: dict, log) -> dict:
             if sampler.coupled:
                 row[mode]["jobs_differing_from_native"] = sum(
                     res[i].tokens != nat[i].tokens for i in nat)
-        differing = [i for i in nat for _, (res, _) in zip(modes, specs)
-                     if res[i].tokens != nat[i].tokens]
+        differing = any(res[i].tokens != nat[i].tokens for res, _ in specs for i in nat)
         if sampler.coupled and differing:  # classify them: native again, untimed, with the
             # perturbed-score margins (tracking them would slow the timed native run)
             (again, _), = in_turns(model, jobs, sampler, [(None, 0, False)], args.batch_size,

@@ -192,20 +192,9 @@ def attend_products(q: Tensor, keys: Tensor, vals: Tensor, mask: Tensor | None =
     scores = scores.mul_(q.shape[-1] ** -0.5)
     if mask is not None:
         scores = scores.add_(mask)
-    elif k > 1:
-        scores[..., -k:].masked_fill_(_future(k, q.device), -math.inf)
+    elif k > 1:  # the block's own keys: the cached causal triangle of `block_mask`
+        scores[..., -k:].add_(block_mask(k, 0, torch.float32, q.device))
     return torch.matmul(scores.softmax(-1).to(q.dtype), vals)
-
-
-_FUTURE: dict[tuple, Tensor] = {}
-
-
-def _future(k: int, device) -> Tensor:
-    """(k, k) True above the diagonal: a block's keys its earlier queries must not see."""
-    key = (k, torch.device(device))
-    if key not in _FUTURE:
-        _FUTURE[key] = torch.ones(k, k, dtype=torch.bool, device=device).triu(1)
-    return _FUTURE[key]
 
 
 def attend(q: Tensor, keys: Tensor, vals: Tensor, t: int) -> Tensor:
