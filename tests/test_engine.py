@@ -698,6 +698,13 @@ def test_fir_block_forms_equal_steps(make_model, k):
                     close(out, torch.cat(steps, dim=1), tol=1e-5, what=f"{kind} K={K} {list(form)}")
                     for j in range(k):
                         assert torch.equal(pending.commit((j + 1,) * 2).buf, windows[j])
+                        # rows at different counts: each its own window, kept position-major
+                        # (whole rows of channels, as the next block reads them)
+                        a, b = j + 1, k - j
+                        ragged = pending.commit((a, b)).buf
+                        assert torch.equal(ragged[0], windows[a - 1][0])
+                        assert torch.equal(ragged[1], windows[b - 1][1])
+                        assert ragged.stride(1) == 1  # channels adjacent
 
 
 @torch.inference_mode()

@@ -241,6 +241,29 @@ def test_vectorised_over_leading_dims() -> None:
             assert torch.equal(batched[i, j], sampler_probs(logits[i, j], cfg))
 
 
+
+@pytest.mark.parametrize("shape", [(4,), (3, 4), (5, 12, 125, 4), (2, 7, 8), (33, 6)])
+def test_narrow_last_dims_equal_the_row_alone(shape: tuple[int, ...]) -> None:
+    """A 4-letter drafter's conditionals, (rows, slots, classes, 4), are softmaxed behind a unit
+    dim (`softmax_last`): every row must still get its probabilities bit for bit as alone (the
+    left-to-right reference, a batch of one), whatever shape holds it, and torch's softmax to
+    fp32 rounding, -inf entries (top-k) exactly zero."""
+    from evspark_cli.decode.sampling import softmax_last
+
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))) * 6
+    x.view(-1, shape[-1])[::3, 1] = -math.inf
+    got = softmax_last(x)
+    assert torch.allclose(got, torch.softmax(x, dim=-1), rtol=0, atol=1e-6)
+    assert bool((got.view(-1, shape[-1])[::3, 1] == 0).all())
+    rows = x.view(-1, shape[-1])
+    for i in range(0, rows.shape[0], max(1, rows.shape[0] // 40)):
+        assert torch.equal(got.view(-1, shape[-1])[i], softmax_last(rows[i]))
+        assert torch.equal(got.view(-1, shape[-1])[i], softmax_last(rows[i: i + 2])[0])
+    cfg = SamplerConfig(1.0, 4, 1.0)
+    assert torch.equal(sampler_probs(x, cfg)[(0,) * (len(shape) - 1)],
+                       sampler_probs(x[(0,) * (len(shape) - 1)], cfg))
+
+
 # --------------------------------------------------------------------------- uniforms
 
 _M = (1 << 64) - 1
