@@ -18,6 +18,14 @@ one process, on whatever threads torch has.
 2. **Batches.** Records x samples x tokens at the default batch: batched native, batched
    speculative (fixed and confidence draft length) under each rule, in turns, and the tokens/s of
    single-stream native decoding measured in section 1 as the single-stream baseline.
+3. **Rule against rule** (`--parts rules`, the evidence for the default rule). Sections 1 and 2
+   time each rule's native/speculative pair in its own turns, so a comparison of one rule's
+   speed with the other's carries the machine's drift between them. Here native and speculative
+   decoding under both rules (T=1 top-k 4, fixed gamma, the first drafter seed) take turns as
+   four decoders at once: one stream (`--rules-prompts` prompts x `--rules-tokens` tokens, job
+   by job at batch 1) and the default batch (the batch section's records x samples x tokens).
+   Reported: each rule's speedup over native decoding of its rule, and coupled speculative
+   seconds over residual speculative seconds (above 1: coupled is the faster).
 """
 from __future__ import annotations
 
@@ -177,6 +185,68 @@ def batched(model, prompts, drafter, args, single_native: dict, log) -> dict:
     return out
 
 
+def rules_side_by_side(model, prompts, drafter, args, log) -> dict:
+    """Native and speculative decoding under both rules in one set of turns, one stream and at
+    the default batch (section 3 of the module docstring)."""
+    samplers = {"residual": BASELINES["residual-t1-k4"], "coupled": SAMPLERS["coupled-t1-k4"]}
+
+    def jobs_of(sampler, n_prompts, tokens, samples):
+        opts = DecodeOptions(tokens, args.gamma, sampler.temperature, sampler.top_k,
+                             sampler.top_p, samples=samples, rule=sampler.rule)
+        return build_jobs([Record.of(p, model.config.vocab_size) for p in prompts[:n_prompts]],
+                          opts)
+
+    def four_ways(job_lists, batch):
+        """Seconds and results per (rule, native|speculative), all four decoders in turns."""
+        runs = {}
+        for rule, sampler in samplers.items():
+            for mode, d in (("native", None), ("speculative", drafter)):
+                runs[rule, mode] = timed_run(lambda clock, s=sampler, d=d: BatchDecoder(
+                    model, s, d, args.gamma if d is not None else 0, batch_size=batch,
+                    clock=clock), JobList(iter(job_lists[rule])))
+        interleave(list(runs.values()))
+        out = {}
+        for key, run in runs.items():
+            got = {}
+            for o in run.outcomes:
+                if o.error is not None:
+                    raise o.error
+                got[o.job.index] = o.result
+            out[key] = (got, run.seconds)
+        return out
+
+    def summary(timed: list[dict]) -> dict:
+        secs = {k: sum(t[k][1] for t in timed) for k in timed[0]}
+        row: dict = {}
+        for rule in samplers:
+            merged = {i: r for t in timed for i, r in t[rule, "speculative"][0].items()}
+            native = {i: r for t in timed for i, r in t[rule, "native"][0].items()}
+            tokens = sum(len(r.tokens) for r in native.values())
+            row[rule] = {"native_tokens_per_s": round(tokens / secs[rule, "native"], 1),
+                         "speculative_tokens_per_s": round(tokens / secs[rule, "speculative"], 1),
+                         "speedup": round(secs[rule, "native"] / secs[rule, "speculative"], 3),
+                         **tally(merged)}
+        row["coupled_over_residual"] = round(secs["residual", "speculative"]
+                                             / secs["coupled", "speculative"], 3)
+        row["native_coupled_over_residual"] = round(secs["residual", "native"]
+                                                    / secs["coupled", "native"], 3)
+        return row
+
+    out: dict = {}
+    single = {rule: jobs_of(s, args.rules_prompts, args.rules_tokens, 1)
+              for rule, s in samplers.items()}
+    timed = [four_ways({rule: [single[rule][i]] for rule in samplers}, 1)
+             for i in range(len(single["residual"]))]
+    out["single_stream"] = {"jobs": len(single["residual"]), **summary(timed)}
+    log(f"rules b1: {out['single_stream']}")
+    batch_jobs = {rule: jobs_of(s, args.batch_records, args.batch_tokens, args.batch_samples)
+                  for rule, s in samplers.items()}
+    out["default_batch"] = {"jobs": len(batch_jobs["residual"]), "batch": args.batch_size,
+                            **summary([four_ways(batch_jobs, args.batch_size)])}
+    log(f"rules b{args.batch_size}: {out['default_batch']}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts-n", type=int, default=48)
@@ -190,7 +260,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the target's dtype (the drafters run in fp32)")
     ap.add_argument("--parts", default="single,batched",
-                    help="sections to run: single (exactness, one stream), batched")
+                    help="sections to run: single (exactness, one stream), batched, rules "
+                         "(both rules in one set of turns)")
+    ap.add_argument("--rules-prompts", type=int, default=24)
+    ap.add_argument("--rules-tokens", type=int, default=512)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -214,6 +287,9 @@ def main() -> None:
     if "batched" in parts:
         res["batched"] = batched(model, prompts, next(iter(drafters.values())), args,
                                  res.get("single_stream", {}), log)
+    if "rules" in parts:
+        res["rules"] = rules_side_by_side(model, prompts, next(iter(drafters.values())), args,
+                                          log)
     res["wall_s"] = round(time.time() - t0, 1)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
 
