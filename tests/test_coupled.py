@@ -216,6 +216,31 @@ def test_candidates_give_the_full_vocabularys_winner():
         assert torch.allclose(margin, (best[:, 0] - best[:, 1]) * cfg.temperature)
 
 
+@pytest.mark.parametrize("cfg", [COUPLED, SamplerConfig(0.7, 3, 0.9, "coupled"),
+                                 SamplerConfig(1.3, 2, 1.0, "coupled")])
+def test_a_few_rows_draw_the_array_paths_numbers(cfg, monkeypatch):
+    """A decode step's few rows are drawn on host scalars (`SCALAR_DRAW`): the same tokens and
+    the same margins, bit for bit, as the array path, for keys of both signs, far positions and
+    rows whose top-p cut leaves candidates of zero probability."""
+    from evspark_cli.decode import sampling
+
+    torch.manual_seed(3)
+    for n in (1, 2, 5, 16):
+        logits = torch.randn(n, 512) * torch.linspace(0.5, 9.0, n)[:, None]
+        p = sampling.sampler_probs(logits, cfg)
+        keys = torch.tensor([coupled_key(i, 7, 1) for i in range(n - 1)] + [-(1 << 63)])
+        pos = torch.tensor([(1 << 40) + 3 * i for i in range(n)])
+        assert n * cfg.top_k <= sampling.SCALAR_DRAW
+        few = coupled_draw(p, keys, pos, cfg)
+        monkeypatch.setattr(sampling, "SCALAR_DRAW", 0)
+        many = coupled_draw(p, keys, pos, cfg)
+        monkeypatch.undo()
+        assert torch.equal(few[0], many[0]) and torch.equal(few[1], many[1])
+        assert few[0].dtype == many[0].dtype and few[1].dtype == torch.float64
+    with pytest.raises(ValueError, match="positions"):
+        coupled_draw(p[:1], keys[:1], torch.tensor([-1]), cfg)
+
+
 def test_native_coupled_sampling_has_the_targets_distribution(trained):  # noqa: F811
     """1,500 native coupled samples of a prompt (one key each), 3 tokens: the joint fits the
     exact target distribution, so the hashed Gumbel noise is as good as independent noise."""

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -378,13 +379,14 @@ class BatchDecoder:
         return self.schedule.choose(gap.view(B, G), gammas)
 
     def _noise_keys(self, pos: tuple[int, ...], k: int, owner: Sequence[int] | None = None
-                    ) -> tuple[Tensor, Tensor]:
+                    ) -> tuple[np.ndarray, np.ndarray]:
         """Coupled-noise keys and positions of the k positions after each row's anchor, row by
-        row (B * k entries): state row i decodes for live row owner[i] (default: row i)."""
+        row (B * k entries, host int64 arrays): state row i decodes for live row owner[i]
+        (default: row i)."""
         owner = range(len(pos)) if owner is None else owner
-        keys = torch.tensor([self.rows[o].job.rng.coupled for o in owner], dtype=torch.int64)
-        at = torch.tensor(pos, dtype=torch.int64)[:, None] + 1 + torch.arange(k)
-        return keys.repeat_interleave(k), at.reshape(-1)
+        keys = [self.rows[o].job.rng.coupled for o in owner]
+        return (np.array([key for key in keys for _ in range(k)], dtype=np.int64),
+                np.array([t + j for t in pos for j in range(1, k + 1)], dtype=np.int64))
 
     def _residual(self, p: Tensor, pos: tuple[int, ...], prop: Proposal | None,
                   gammas: list[int]) -> tuple[list[int], list[int]]:
@@ -420,11 +422,11 @@ class BatchDecoder:
         N, k, V = p.shape
         keys, at = self._noise_keys(pos, k, owner)  # a branch row: its live row's noise
         y, gap = coupled_draw(p.reshape(N * k, V), keys, at, self.sampler)
-        y, gap = y.view(N, k).cpu(), gap.view(N, k)
+        y, gap = y.view(N, k).cpu(), gap.view(N, k).numpy()
         m = [0] * N if drafts is None else accepted_matches(y, drafts, gammas)
-        rows = torch.arange(N)
-        at_m = torch.tensor(m)
-        return m, y[rows, at_m].tolist(), gap[rows, at_m].tolist()
+        rows = np.arange(N)
+        y_host = y.numpy()
+        return m, y_host[rows, m].tolist(), gap[rows, m].tolist()
 
     def _nonfinite_rows(self, logits: Tensor, m: list[int], pos: tuple[int, ...]
                         ) -> dict[int, int]:

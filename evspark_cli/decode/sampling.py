@@ -360,9 +360,11 @@ def coupled_key(seed: int, record: int, sample: int) -> int:
     return _as_int64(_key_hash(seed, record, sample, int(Purpose.COUPLED)))
 
 
-def coupled_noise(keys: Tensor, positions: Tensor, tokens: Tensor) -> Tensor:
+def coupled_noise(keys: Tensor | np.ndarray, positions: Tensor | np.ndarray, tokens: Tensor
+                  ) -> Tensor:
     """Gumbel numbers g = -log(-log U) in fp64, one per (row, token): row i of `tokens` (N, K)
-    at positions[i] of the row whose `coupled_key` is keys[i].
+    at positions[i] of the row whose `coupled_key` is keys[i] (int64 tensors, or host int64
+    arrays: a decoder's few keys and positions need no tensor made).
 
     U = (top 53 bits + 1/2)·2**-53 lies strictly inside (0, 1), so g is always finite. The
     number depends only on (seed, record, sample, position, token), so the target and a drafter
@@ -372,10 +374,8 @@ def coupled_noise(keys: Tensor, positions: Tensor, tokens: Tensor) -> Tensor:
     pos = _host_u64(positions)
     if pos.size and int(pos.view(np.int64).min()) < 0:
         raise ValueError("positions must be >= 0")
-    k = _host_u64(keys)
-    tok = _host_u64(tokens)
-    h = _fmix_u64(k + (pos + _ONE) * _GOLDEN_U64)
-    mixed = _fmix_u64(h[:, None] + (tok + _ONE) * _GOLDEN_U64)
+    h = _fmix_u64(_host_u64(keys) + (pos + _ONE) * _GOLDEN_U64)
+    mixed = _fmix_u64(h[:, None] + (_host_u64(tokens) + _ONE) * _GOLDEN_U64)
     u = ((mixed >> np.uint64(11)).astype(np.float64) + 0.5) * (2.0**-53)
     return -torch.log(-torch.log(torch.from_numpy(u).to(tokens.device)))
 
@@ -385,8 +385,11 @@ _GOLDEN_U64 = np.uint64(_GOLDEN)
 _MUL1_U64, _MUL2_U64 = np.uint64(_MUL1), np.uint64(_MUL2)
 
 
-def _host_u64(x: Tensor) -> np.ndarray:
-    """An integer tensor's int64 bit patterns as a host uint64 array (negative keys wrap)."""
+def _host_u64(x: Tensor | np.ndarray) -> np.ndarray:
+    """An integer tensor's (or host array's) int64 bit patterns as a host uint64 array (negative
+    keys wrap)."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.int64, copy=False).view(np.uint64)
     return x.detach().to("cpu", torch.int64).numpy().view(np.uint64)
 
 
@@ -397,8 +400,8 @@ def _fmix_u64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def coupled_scores(probs: Tensor, keys: Tensor, positions: Tensor, candidates: int = 0
-                   ) -> tuple[Tensor, Tensor]:
+def coupled_scores(probs: Tensor, keys: Tensor | np.ndarray, positions: Tensor | np.ndarray,
+                   candidates: int = 0) -> tuple[Tensor, Tensor]:
     """The perturbed scores log p̃(v) + g(v) of rows `probs` (N, V): (scores (N, K), their
     token ids (N, K)).
 
@@ -411,25 +414,73 @@ def coupled_scores(probs: Tensor, keys: Tensor, positions: Tensor, candidates: i
         p, tokens = top.values, top.indices
     else:
         tokens = torch.arange(p.shape[-1], device=p.device).expand(p.shape[0], -1)
-    g = coupled_noise(keys.to(p.device), positions.to(p.device), tokens)
+    g = coupled_noise(keys, positions, tokens)
     return torch.where(p > 0, torch.log(p) + g, -math.inf), tokens
 
 
-def coupled_draw(probs: Tensor, keys: Tensor, positions: Tensor, cfg: SamplerConfig
-                 ) -> tuple[Tensor, Tensor]:
+SCALAR_DRAW = 64
+"""Draws of at most this many candidates (rows x top-k: a decode step's few rows) take
+`_scalar_draw`: the same numbers as the array path, without its few dozen tensor and array
+calls, which cost a native step more than the model's arithmetic at small batches."""
+
+
+def coupled_draw(probs: Tensor, keys: Tensor | np.ndarray, positions: Tensor | np.ndarray,
+                 cfg: SamplerConfig) -> tuple[Tensor, Tensor]:
     """Gumbel-max draws from rows `probs` (N, V) = p̃: (tokens (N,), margins (N,) fp64).
 
     A margin is the gap between the two best perturbed scores times the temperature, in logit
     units (inf when one token has all the mass): a perturbation of the logits by e moves it by
     at most 2e, so a divergence at a margin below the tie tolerance is a floating-point tie, as
-    the top-1/top-2 logit gap classifies greedy ties."""
-    n = probs.shape[0]
+    the top-1/top-2 logit gap classifies greedy ties. The best of a row's candidates is the
+    first of the largest score (candidates in `coupled_scores`' order)."""
+    n, V = probs.shape
     if cfg.greedy:  # one-hot p̃: no noise can move the argmax
         return torch.argmax(probs, dim=-1), torch.full((n,), math.inf, dtype=torch.float64)
+    if 0 < cfg.top_k < V and n * cfg.top_k <= SCALAR_DRAW:
+        return _scalar_draw(probs, keys, positions, cfg)
     scores, tokens = coupled_scores(probs, keys, positions, cfg.top_k)
-    if scores.shape[-1] == 1:
-        return tokens[:, 0], torch.full((n,), math.inf, dtype=torch.float64)
-    best = torch.topk(scores, 2, dim=-1)
-    gap = (best.values[:, 0] - best.values[:, 1]) * cfg.temperature  # -inf second: inf
-    winner = tokens.gather(-1, best.indices[:, :1]).squeeze(-1)
-    return winner, gap.cpu()
+    s, t = scores.cpu().numpy(), tokens.cpu().numpy()
+    rows = np.arange(n)
+    first = s.argmax(axis=1)
+    if s.shape[1] == 1:
+        gap = np.full(n, math.inf)
+    else:
+        rest = s.copy()
+        rest[rows, first] = -math.inf
+        with np.errstate(invalid="ignore"):  # a row without mass (a proposal's padding)
+            gap = (s[rows, first] - rest.max(axis=1)) * cfg.temperature  # scores nan
+    winner = torch.from_numpy(t[rows, first]).to(probs.device)
+    return winner, torch.from_numpy(gap)
+
+
+def _scalar_draw(probs: Tensor, keys: Tensor | np.ndarray, positions: Tensor | np.ndarray,
+                 cfg: SamplerConfig) -> tuple[Tensor, Tensor]:
+    """`coupled_draw` of a few top-k rows on host scalars, bit for bit the array path's numbers:
+    the same candidates (`coupled_scores`' fp64 top-k), the hash on Python ints (exact, as
+    `test_noise_is_splitmix64_of_its_keys_bit_for_bit` checks), the logs by one `torch.log`
+    call each (the kernel every path uses), and the sums, differences and products in IEEE fp64
+    (one rounding each, as in the tensors)."""
+    n = probs.shape[0]
+    top = torch.topk(probs.to(torch.float64), cfg.top_k, dim=-1)
+    p_rows, t_rows = top.values.tolist(), top.indices.tolist()
+    pos = _host_u64(positions).view(np.int64).tolist()
+    if pos and min(pos) < 0:
+        raise ValueError("positions must be >= 0")
+    us = []
+    for key, at, toks in zip(_host_u64(keys).tolist(), pos, t_rows):
+        h = _fmix_int(key + (at + 1) * _GOLDEN)
+        us += [((_fmix_int(h + (t + 1) * _GOLDEN) >> 11) + 0.5) * 2.0**-53 for t in toks]
+    k = cfg.top_k
+    logs = torch.log(torch.tensor(us + [x for row in p_rows for x in row], dtype=torch.float64))
+    g = torch.log(logs[: n * k].neg()).tolist()  # -log(-log u) = -g here
+    log_p = logs[n * k:].tolist()
+    winners, gaps = [], []
+    for i in range(n):
+        scores = [log_p[i * k + j] - g[i * k + j] if p_rows[i][j] > 0 else -math.inf
+                  for j in range(k)]
+        best = max(range(k), key=scores.__getitem__)  # the first of the largest
+        second = max((s for j, s in enumerate(scores) if j != best), default=-math.inf)
+        winners.append(t_rows[i][best])
+        gaps.append((scores[best] - second) * cfg.temperature)
+    return (torch.tensor(winners, dtype=torch.long, device=probs.device),
+            torch.tensor(gaps, dtype=torch.float64))
