@@ -419,9 +419,11 @@ def coupled_scores(probs: Tensor, keys: Tensor | np.ndarray, positions: Tensor |
 
 
 SCALAR_DRAW = 64
-"""Draws of at most this many candidates (rows x top-k: a decode step's few rows) take
+"""CPU draws of at most this many candidates (rows x top-k: a decode step's few rows) take
 `_scalar_draw`: the same numbers as the array path, without its few dozen tensor and array
-calls, which cost a native step more than the model's arithmetic at small batches."""
+calls, which cost a native step more than the model's arithmetic at small batches. On a GPU
+every draw takes the array path, whose logs run on the GPU: a host log could differ from the
+device's in the last place, and a step would then not draw as the block that verifies it."""
 
 
 def coupled_draw(probs: Tensor, keys: Tensor | np.ndarray, positions: Tensor | np.ndarray,
@@ -436,7 +438,7 @@ def coupled_draw(probs: Tensor, keys: Tensor | np.ndarray, positions: Tensor | n
     n, V = probs.shape
     if cfg.greedy:  # one-hot p̃: no noise can move the argmax
         return torch.argmax(probs, dim=-1), torch.full((n,), math.inf, dtype=torch.float64)
-    if 0 < cfg.top_k < V and n * cfg.top_k <= SCALAR_DRAW:
+    if probs.device.type == "cpu" and 0 < cfg.top_k < V and n * cfg.top_k <= SCALAR_DRAW:
         return _scalar_draw(probs, keys, positions, cfg)
     scores, tokens = coupled_scores(probs, keys, positions, cfg.top_k)
     s, t = scores.cpu().numpy(), tokens.cpu().numpy()
@@ -457,9 +459,9 @@ def _scalar_draw(probs: Tensor, keys: Tensor | np.ndarray, positions: Tensor | n
                  cfg: SamplerConfig) -> tuple[Tensor, Tensor]:
     """`coupled_draw` of a few top-k rows on host scalars, bit for bit the array path's numbers:
     the same candidates (`coupled_scores`' fp64 top-k), the hash on Python ints (exact, as
-    `test_noise_is_splitmix64_of_its_keys_bit_for_bit` checks), the logs by one `torch.log`
-    call each (the kernel every path uses), and the sums, differences and products in IEEE fp64
-    (one rounding each, as in the tensors)."""
+    `test_noise_is_splitmix64_of_its_keys_bit_for_bit` checks), the logs by one CPU
+    `torch.log` call each (the kernel the array path uses on a CPU), and the sums, differences
+    and products in IEEE fp64 (one rounding each, as in the tensors)."""
     n = probs.shape[0]
     top = torch.topk(probs.to(torch.float64), cfg.top_k, dim=-1)
     p_rows, t_rows = top.values.tolist(), top.indices.tolist()
