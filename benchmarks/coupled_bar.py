@@ -14,7 +14,7 @@ one process, on whatever threads torch has.
    and classified as ties by the perturbed-score gap). Greedy decoding and residual sampling
    (T=1 top-k 4) run the same single-stream pairs for the first seed, as the baselines the
    coupled rule is compared with; the single-stream section also tries `--gamma 16` and the
-   confidence draft length.
+   confidence draft length with caps `--gamma` and 16.
 2. **Batches.** Records x samples x tokens at the default batch: batched native, batched
    speculative (fixed and confidence draft length) under each rule, in turns, and the tokens/s of
    single-stream native decoding measured in section 1 as the single-stream baseline.
@@ -114,7 +114,8 @@ def single_stream(model, prompts, drafters, args, log) -> dict:
         variants = [(s, args.gamma, False) for s in seeds]
         if coupled_or_greedy:  # the cap and the schedule, for the first seed
             first = next(iter(seeds))
-            variants += [(first, 16, False), (first, args.gamma, True)]
+            variants += [(first, 16, False), (first, args.gamma, True), (first, 16, True)]
+            variants = list(dict.fromkeys(variants))  # --gamma 16: each variant once
         native_s, spec_s = 0.0, {v: 0.0 for v in variants}
         native, spec = {}, {v: {} for v in variants}
         ways = [(None, 0, False)] + [(drafters[s], g, a) for s, g, a in variants]

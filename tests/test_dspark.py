@@ -34,6 +34,7 @@ from tiny import (  # noqa: E402
 )
 
 from evspark_cli.decode.batch import BatchDecoder  # noqa: E402
+from evspark_cli.decode.drafters import dspark  # noqa: E402
 from evspark_cli.decode.drafters.base import DraftContext, Proposal, RngKey  # noqa: E402
 from evspark_cli.decode.drafters.dspark import (  # noqa: E402
     DSparkConfig,
@@ -45,7 +46,7 @@ from evspark_cli.decode.drafters.dspark import (  # noqa: E402
 from evspark_cli.decode.jobs import Job  # noqa: E402
 from evspark_cli.decode.native import decode_native  # noqa: E402
 from evspark_cli.decode.prefill import start  # noqa: E402
-from evspark_cli.decode.sampling import SamplerConfig, sampler_probs  # noqa: E402
+from evspark_cli.decode.sampling import SamplerConfig, coupled_draw, sampler_probs  # noqa: E402
 from evspark_cli.decode.speculative import decode_speculative  # noqa: E402
 from evspark_cli.errors import ModelError  # noqa: E402
 from evspark_cli.model.checkpoint import load_model, weights_hash  # noqa: E402
@@ -552,6 +553,68 @@ def test_greedy_speculative_decoding_equals_native(target, distilled, genome):
         row, state, anchor = begin(drafters["random"], target, prompt, GREEDY, RngKey(0))
         assert int(row.valid.sum()) == min(P, len(prompt) - 1)
     assert accepted > 0 and rejected > 0  # both the accept and the rollback paths ran
+
+
+WALKS = {"coupled-T1-top4": SamplerConfig(1.0, 4, 1.0, "coupled"),
+         "coupled-T0.7-p0.9": SamplerConfig(0.7, 0, 0.9, "coupled"),
+         "residual-T1-all": SamplerConfig(1.0, 0, 1.0),
+         "residual-T0.8-top3-p0.95": SamplerConfig(0.8, 3, 0.95)}
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal element for element, nan where the other is nan (a padding row's gap)."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+@pytest.mark.parametrize("sampler", list(WALKS.values()), ids=list(WALKS))
+def test_one_stream_walks_its_draws_as_a_batch_does(target, genome, sampler, monkeypatch):
+    """A row walked on host ints (at most SCALAR_WALK rows) drafts what the array walk drafts:
+    the same drafts, q and path scores, and under the coupled rule the same confidence, which
+    is `coupled_draw`'s gap for each draft's q at its position (what the schedule read before)."""
+    d = DSparkDrafter(random_net(3, gamma_max=8, order=2, trunk_markov=True))
+    walked = 0
+    for n, at in ((3, 10), (40, 600), (120, 2000)):
+        prompt = ids(genome[at:at + n])
+        for seed in range(4):
+            rng = RngKey(seed, 7, 1)
+            row, state, anchor = begin(d, target, prompt, sampler, rng)
+            for gamma in (1, 5, 8):
+                one = row.rows.propose(state, [anchor], [gamma])
+                monkeypatch.setattr(dspark, "SCALAR_WALK", 0)
+                arr = row.rows.propose(state, [anchor], [gamma])
+                monkeypatch.undo()
+                assert torch.equal(one.drafts, arr.drafts) and torch.equal(one.q, arr.q)
+                assert one.paths is not None and arr.paths is not None
+                assert torch.equal(one.paths.scores, arr.paths.scores)
+                walked += gamma
+                if not sampler.coupled:
+                    assert one.confidence is None and arr.confidence is None
+                    continue
+                assert one.confidence is not None and arr.confidence is not None
+                assert _same(one.confidence, arr.confidence)
+                pos = torch.arange(gamma) + state.lengths[0] + 1
+                keys = torch.full((gamma,), rng.coupled, dtype=torch.long)
+                _, gap = coupled_draw(one.q[0], keys, pos, sampler)
+                assert _same(one.confidence[0], gap), (one.confidence, gap)
+    assert walked == 3 * 4 * 14
+
+
+@pytest.mark.parametrize("sampler", [WALKS["residual-T1-all"], WALKS["coupled-T1-top4"]],
+                         ids=["residual", "coupled"])
+def test_rows_walk_the_same_on_host_ints_and_arrays_in_a_batch(target, genome, sampler,
+                                                                monkeypatch):
+    """Residual tokens depend on every draft: a batch whose rows walk on host ints (and whose
+    last rounds draft fewer tokens in some rows) emits what the array walk emits."""
+    d = DSparkDrafter(random_net(5, gamma_max=8, order=3, trunk_markov=True))
+    jobs = [Job(i, tuple(ids(genome[100 * i: 100 * i + 20 + 7 * i])), 25 + 6 * i,
+                RngKey(2, i, 0)) for i in range(3)]
+
+    def run(scalar: int) -> list[list[int]]:
+        monkeypatch.setattr(dspark, "SCALAR_WALK", scalar)
+        out = BatchDecoder(target, sampler, d, 6, batch_size=3).run(list(jobs))
+        return [o.result.tokens for o in sorted(out, key=lambda o: o.job.rng.record)]
+
+    assert run(0) == run(3) == run(2)
 
 
 @pytest.mark.parametrize("sampler", [GREEDY, SamplerConfig(1.0, 4, 1.0)], ids=["greedy", "sampled"])

@@ -374,6 +374,8 @@ class BatchDecoder:
         if G == 0 or self.sampler.greedy:
             return self.schedule.choose(None, gammas)
         B, V = len(gammas), prop.q.shape[-1]
+        if prop.confidence is not None:  # the drafter's own gaps: the same numbers, no draw
+            return self.schedule.choose(prop.confidence[:, :G], gammas)
         _, gap = coupled_draw(prop.q[:, :G].reshape(B * G, V), *self._noise_keys(pos[:B], G),
                               self.sampler)
         return self.schedule.choose(gap.view(B, G), gammas)

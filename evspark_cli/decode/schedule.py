@@ -194,6 +194,7 @@ class DraftSchedule:
     overhead: dict[int, float] = field(default_factory=dict)  # rows -> seconds per round
     scale: float = 1.0  # measured blocks over the table's (a longer context costs more)
     _bins: Tensor | None = None
+    _block_costs: dict[tuple[int, int], list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(GAP_EDGES) + 1 if self.coupled else self.gamma
@@ -219,9 +220,12 @@ class DraftSchedule:
         gain = torch.cat([torch.zeros(1, dtype=torch.float64),
                           torch.cumprod(a, dim=1).sum(dim=0).cumsum(0)])
         over = self.overhead.get(B, 0.0)
+        cost = self._block_costs.get((B, G))
+        if cost is None:  # the table's blocks of 1..G + 1 tokens at B rows, looked up once
+            cost = self._block_costs[B, G] = [self.costs(B, j + 1) for j in range(G + 1)]
         best, best_rate = G, -1.0
-        for j in range(G + 1):
-            r = (B + float(gain[j])) / (self.scale * self.costs(B, j + 1) + over)
+        for j, (got, c) in enumerate(zip(gain.tolist(), cost)):
+            r = (B + got) / (self.scale * c + over)
             if r > best_rate * (1 + 1e-9):
                 best, best_rate = j, r
         return best

@@ -79,6 +79,9 @@ class Proposal:
     q: Tensor  # (B, G, V) fp32: q[b, k] is the distribution drafts[b, k] was drawn from
     paths: DraftPaths | None = None  # every path the drafter could have drafted (token trees);
     #                                  None: a drafter that cannot say (no trees)
+    confidence: Tensor | None = None  # (B, G) fp64: under the coupled rule, each draft's
+    #   perturbed-score gap (best minus second best, times T), as `sampling.coupled_draw` gives
+    #   it for q[b, k] at the draft's position; None: the decoder draws it from q (one more draw)
 
 
 class DraftRows(Protocol):

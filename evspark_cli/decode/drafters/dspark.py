@@ -38,6 +38,9 @@ from ..sampling import Purpose, coupled_noise, sampler_probs
 from ..tree import DraftPaths
 from .base import DraftContext, Proposal
 
+SCALAR_WALK = 2
+"""Rows at most this many (one stream) walk their draws on host ints (`DSparkRows._walk`)."""
+
 PATH_SCALE = 0.2
 """The score gap (logit units) at which the tree planner takes the drafter's second letter to
 be e times less likely than its first to be the target's token (decode/tree.py): the drafter's
@@ -373,20 +376,34 @@ class DSparkRows:
         if gmax > self.cfg.gamma_max:
             raise ModelError(f"this drafter was built for gamma <= {self.cfg.gamma_max}")
         B, V = len(anchors), self.cfg.vocab_size
-        drafts = torch.zeros(B, gmax, dtype=torch.long)
-        q = torch.zeros(B, gmax, V, dtype=torch.float32, device=self.ctx.device)
-        A, C = self.cfg.n_alpha, self.cfg.classes
-        scores = torch.full((B, gmax, C, A), -math.inf, dtype=torch.float64)
         starts = self._start_classes(anchors)
-        for g in sorted(set(gammas) - {0}):
-            rows = [b for b in range(B) if gammas[b] == g]
-            d, qs, sc = self._draft(rows, [anchors[b] for b in rows], [starts[b] for b in rows],
-                                    [state.lengths[b] for b in rows], g)
-            drafts[rows, :g] = d
-            q[rows, :g] = qs
-            scores[rows, :g] = sc
+        groups = sorted(set(gammas) - {0})
+        if groups == [gmax] and min(gammas) == gmax:  # every row drafts gmax: one group, as is
+            drafts, q, scores, gap = self._draft(list(range(B)), list(anchors), starts,
+                                                 list(state.lengths[:B]), gmax)
+        else:
+            drafts = torch.zeros(B, gmax, dtype=torch.long)
+            q = torch.zeros(B, gmax, V, dtype=torch.float32, device=self.ctx.device)
+            A, C = self.cfg.n_alpha, self.cfg.classes
+            scores = torch.full((B, gmax, C, A), -math.inf, dtype=torch.float64)
+            gap = torch.full((B, gmax), math.nan, dtype=torch.float64) if self._coupled else None
+            for g in groups:
+                rows = [b for b in range(B) if gammas[b] == g]
+                d, qs, sc, gp = self._draft(rows, [anchors[b] for b in rows],
+                                            [starts[b] for b in rows],
+                                            [state.lengths[b] for b in rows], g)
+                drafts[rows, :g] = d
+                q[rows, :g] = qs
+                scores[rows, :g] = sc
+                if gap is not None and gp is not None:
+                    gap[rows, :g] = gp
         paths = DraftPaths(scores, self.alpha.cpu(), starts, PATH_SCALE)
-        return Proposal(drafts, q, paths)
+        return Proposal(drafts, q, paths, gap)
+
+    @property
+    def _coupled(self) -> bool:
+        """Drafts are Gumbel-max draws with the target's noise (coupled, not greedy)."""
+        return self.sampler.coupled and not self.sampler.greedy
 
     def _start_classes(self, anchors: Sequence[int]) -> list[int]:
         """Each row's Markov context before its first draft: its anchor, then its history
@@ -401,11 +418,13 @@ class DSparkRows:
         return out
 
     def _draft(self, rows: list[int], anchors: list[int], starts: list[int],
-               positions: list[int], gamma: int) -> tuple[Tensor, Tensor, Tensor]:
+               positions: list[int], gamma: int
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Drafts (n, gamma), q (n, gamma, V) of `rows`, each anchored at its position with its
-        Markov context `starts`, and the scores of every path (n, gamma, classes, A) whose argmax
+        Markov context `starts`, the scores of every path (n, gamma, classes, A) whose argmax
         the draws take (`DraftPaths`): the perturbed scores log q + g under the coupled rule,
-        else the logits (greedy)."""
+        else the logits (greedy), and under the coupled rule each draft's perturbed-score gap
+        (n, gamma), read off the scores of its own context (`Proposal.confidence`)."""
         net = self.net
         whole = len(rows) == self.ctx.shape[0]
         ctx = self.ctx if whole else self.ctx[rows]
@@ -416,36 +435,57 @@ class DSparkRows:
         # Q[r, k, c] = S(Z_rkc) over the alphabet, for every context class c
         Z = net.conditionals(ctx, valid, torch.tensor(anchors, device=ctx.device), gamma).float()
         Q = sampler_probs(Z, self.sampler)
-        if self.sampler.coupled and not self.sampler.greedy:
+        if self._coupled:
             scores = self._coupled_scores(Q, rows, positions)
             best = scores.argmax(dim=-1).numpy()  # (n, gamma, classes)
-            classes, letters = self._walk(starts, gamma, lambda k, r, c: best[r, k, c])
+            classes, letters = self._walk(starts, gamma, lambda k, r, c: best[r, k, c],
+                                          lambda r, k, c: int(best[r, k, c]))
         else:
             scores = Z.to(torch.float64).cpu()
             cdf = Q.to(torch.float64).cumsum(dim=-1).cpu().numpy()  # (n, gamma, classes, A)
             u = np.array([self.contexts[b].rng.floats(range(pos + 1, pos + gamma + 1),
                                                       Purpose.DRAFT)
                           for b, pos in zip(rows, positions)], dtype=np.float64)
-            classes, letters = self._walk(starts, gamma,
-                                          lambda k, r, c: _inverse_cdf(cdf[r, k, c], u[:, k]))
+            classes, letters = self._walk(
+                starts, gamma, lambda k, r, c: _inverse_cdf(cdf[r, k, c], u[:, k]),
+                lambda r, k, c: _inverse_cdf_one(cdf[r, k, c].tolist(), float(u[r, k])))
         dev = Q.device
         n = len(rows)
-        sel = torch.from_numpy(classes).to(dev)
-        q_small = Q[torch.arange(n, device=dev)[:, None], torch.arange(gamma, device=dev), sel]
+        at = (torch.arange(n)[:, None], torch.arange(gamma), torch.from_numpy(classes))
+        gap = None
+        if self._coupled:  # the drafts' own scores: best minus second best, as coupled_draw
+            top2 = scores[at].topk(2, dim=-1).values  # (n, gamma, 2)
+            gap = (top2[..., 0] - top2[..., 1]) * self.sampler.temperature
+        sel = at if dev.type == "cpu" else tuple(t.to(dev) for t in at)
+        q_small = Q[sel]
         q = q_small.new_zeros(n, gamma, self.cfg.vocab_size)
         q[..., self.alpha] = q_small  # each draft's exact distribution over the vocabulary
         drafts = self.alpha[torch.from_numpy(letters).to(dev)]
-        return drafts.cpu(), q, scores
+        return drafts.cpu(), q, scores, gap
 
-    def _walk(self, starts: list[int], gamma: int, choose) -> tuple[np.ndarray, np.ndarray]:
+    def _walk(self, starts: list[int], gamma: int, choose, choose_one
+              ) -> tuple[np.ndarray, np.ndarray]:
         """The left-to-right draws of all rows at once: at slot k each row's letter is
         choose(k, rows, classes) given its Markov context class, which then takes the letter
-        as its newest digit. Returns (classes (n, gamma), letters (n, gamma))."""
+        as its newest digit. At most SCALAR_WALK rows (one stream) walk on host ints instead,
+        choose_one(row, k, class) a letter at a time: the same letters without a dozen array
+        calls a round. Returns (classes (n, gamma), letters (n, gamma))."""
         C, base = self.cfg.classes, self.cfg.n_alpha + 1
+        n = len(starts)
+        if n <= SCALAR_WALK:
+            cls_out, let_out = [], []
+            for r, c in enumerate(starts):
+                for k in range(gamma):
+                    a = choose_one(r, k, c)
+                    cls_out.append(c)
+                    let_out.append(a)
+                    c = (c * base) % C + a
+            return (np.array(cls_out, dtype=np.int64).reshape(n, gamma),
+                    np.array(let_out, dtype=np.int64).reshape(n, gamma))
         cls = np.array(starts, dtype=np.int64)
-        rows = np.arange(len(starts))
-        classes = np.empty((len(starts), gamma), dtype=np.int64)
-        letters = np.empty((len(starts), gamma), dtype=np.int64)
+        rows = np.arange(n)
+        classes = np.empty((n, gamma), dtype=np.int64)
+        letters = np.empty((n, gamma), dtype=np.int64)
         for k in range(gamma):
             classes[:, k] = cls
             letters[:, k] = a = choose(k, rows, cls)
@@ -462,6 +502,19 @@ class DSparkRows:
         g = coupled_noise(keys, at, self.alpha.expand(n * gamma, A)).view(n, gamma, 1, A)
         q64 = Q.to(torch.float64)
         return torch.where(q64 > 0, torch.log(q64) + g, -math.inf).cpu()
+
+
+def _inverse_cdf_one(cdf: list[float], u: float) -> int:
+    """`_inverse_cdf` of one row on host floats (the same IEEE products and comparisons)."""
+    total = cdf[-1]
+    target = u * total
+    for i, c in enumerate(cdf):
+        if c > target:
+            return i
+    for i, c in enumerate(cdf):
+        if c >= total:
+            return i
+    return 0  # a row of nan (argmax of all-false, as the array path)
 
 
 def _inverse_cdf(cdf: np.ndarray, u: np.ndarray) -> np.ndarray:
