@@ -377,8 +377,7 @@ class DSparkRows:
             raise ModelError(f"this drafter was built for gamma <= {self.cfg.gamma_max}")
         B, V = len(anchors), self.cfg.vocab_size
         starts = self._start_classes(anchors)
-        groups = sorted(set(gammas) - {0})
-        if groups == [gmax] and min(gammas) == gmax:  # every row drafts gmax: one group, as is
+        if min(gammas) == gmax:  # every row drafts gmax: one group, as is
             drafts, q, scores, gap = self._draft(list(range(B)), list(anchors), starts,
                                                  list(state.lengths[:B]), gmax)
         else:
@@ -387,7 +386,7 @@ class DSparkRows:
             A, C = self.cfg.n_alpha, self.cfg.classes
             scores = torch.full((B, gmax, C, A), -math.inf, dtype=torch.float64)
             gap = torch.full((B, gmax), math.nan, dtype=torch.float64) if self._coupled else None
-            for g in groups:
+            for g in sorted(set(gammas) - {0}):
                 rows = [b for b in range(B) if gammas[b] == g]
                 d, qs, sc, gp = self._draft(rows, [anchors[b] for b in rows],
                                             [starts[b] for b in rows],
