@@ -53,6 +53,7 @@ class BareLoop:
         self.anchors: list[int] = []
         self.out: list[list[int]] = [[] for _ in jobs]
         self.left = jobs[0].max_new_tokens
+        self.tokens_emitted = 0
 
     @torch.inference_mode()
     def step(self, source) -> list | None:
@@ -75,6 +76,7 @@ class BareLoop:
         for b, a in enumerate(self.anchors):
             self.out[b].append(a)
         self.left -= 1
+        self.tokens_emitted += len(jobs)
         return []
 
 

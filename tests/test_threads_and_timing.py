@@ -360,12 +360,14 @@ class SleepyDecoder:
     def __init__(self, steps: int, work: float, clock, machine) -> None:
         self.left, self.work, self.clock, self.machine = steps, work, clock, machine
         self.stamps: list[float] = []
+        self.tokens_emitted = 0  # one token a step
 
     def step(self, source):
         if self.left == 0:
             return None
         time.sleep(self.work * self.machine())
         self.left -= 1
+        self.tokens_emitted += 1
         self.stamps.append(self.clock())
         return []
 
@@ -412,6 +414,27 @@ def test_decoders_in_turns_cancel_a_drifting_machine():
 
     assert pair(turns=False) > 1.6
     assert 0.75 < pair(turns=True) < 1.33
+
+
+def test_decoders_in_turns_finish_together_however_different_their_speeds():
+    """A decoder 3x faster than the other, on a machine that turns 3x slower after 0.12 s
+    (a neighbour arriving): the turn goes to whoever has emitted fewer tokens, so both are at
+    the same token when the machine turns and the ratio stays 3. Turns in a fixed order
+    leave the slow one alone after the fast one is done: the slowdown falls on it alone."""
+    from evspark_cli.decode.batch import JobList
+    from evspark_cli.decode.interleave import interleave, timed_run
+
+    t0 = time.perf_counter()
+    machine = lambda: 1.0 if time.perf_counter() - t0 < 0.12 else 3.0  # noqa: E731
+    runs = [timed_run(lambda c: SleepyDecoder(30, 0.006, c, machine), JobList(iter([]))),
+            timed_run(lambda c: SleepyDecoder(30, 0.002, c, machine), JobList(iter([])))]
+    turns: list[int] = []
+    interleave(runs, turn_s=0.01, on_turn=turns.append)
+    slow, fast = runs
+    assert slow.decoder.tokens_emitted == fast.decoder.tokens_emitted == 30
+    assert 2.3 < slow.seconds / fast.seconds < 3.9
+    last_fast = max(t for t, i in enumerate(turns) if i == 1)
+    assert len(turns) - 1 - last_fast <= 2  # the slow run's turns after the fast one is done
 
 
 def test_compare_native_holds_two_batches_in_its_memory_plan(model, monkeypatch):

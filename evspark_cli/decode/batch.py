@@ -133,6 +133,7 @@ class BatchDecoder:
         self.draft: DraftRows | None = None
         self._shared: tuple[int, Prefilled] | None = None  # the last record's prefill
         self.prompt_cache = prompt_cache
+        self.tokens_emitted = 0  # by every row so far: how far the run has come (interleave.py)
         self._finished: list[int] = []  # slots of rows whose outcome the last step gave back:
         #                                 they leave at the next step, so a caller sees the
         #                                 batch as that round left it
@@ -304,6 +305,7 @@ class BatchDecoder:
                 res.wall_s = self.clock() - r.t_start
                 done.append(Outcome(r.job, result=res))
         spent = self.clock() - t0
+        self.tokens_emitted += emitted
         for r in rows:
             r.result.decode_s += spent / B
         if self.on_round is not None:

@@ -8,6 +8,12 @@ Decoders that are compared therefore run at once, taking turns of `TURN_S` secon
 `BatchDecoder.step` (a prefill or a round) at a time; each is timed only while it runs, and its
 rows' wall times and progress stamps come from a clock that stops while the others run
 (`TurnClock`). Drifts slower than a turn then fall on both alike and cancel in the ratio.
+
+The turn goes to the decoder that has emitted the fewest tokens, so decoders of the same jobs
+move through them together and finish together, however different their speeds. Turns taken
+in a fixed order would leave the slower decoder (native decoding, several times slower)
+running alone once the faster one is done, for most of its time: a drift in that stretch
+fell on it alone, and the same run's ratio moved by a third from one run to the next.
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ this (seconds), and a turn holds many rounds, so switching costs nothing measura
 
 class Stepper(Protocol):
     """What takes turns: a decoder that runs one step at a time (`BatchDecoder`)."""
+
+    tokens_emitted: int  # by all its rows so far: how far it has come
 
     def step(self, source: JobSource) -> list[Outcome] | None:
         """One step (prefills, then a round): the outcomes it finished, None when done."""
@@ -88,13 +96,15 @@ def timed_run(make: Callable[[TurnClock], Stepper], jobs: JobSource) -> TimedRun
 
 def interleave(runs: Sequence[TimedRun], turn_s: float = TURN_S,
                on_turn: Callable[[int], None] | None = None) -> None:
-    """Run every decoder to the end of its jobs, in turns of `turn_s` seconds, in order.
-    `on_turn(i)`: run i is about to take its turn (a progress display follows the mode)."""
+    """Run every decoder to the end of its jobs, in turns of `turn_s` seconds, each turn
+    going to the live decoder that has emitted the fewest tokens (the first of them, on a
+    tie). `on_turn(i)`: run i is about to take its turn (a progress display follows the
+    mode)."""
     while True:
         live = [i for i, r in enumerate(runs) if not r.done]
         if not live:
             return
-        for i in live:
-            if on_turn is not None:
-                on_turn(i)
-            runs[i].turn(turn_s)
+        i = min(live, key=lambda i: runs[i].decoder.tokens_emitted)
+        if on_turn is not None:
+            on_turn(i)
+        runs[i].turn(turn_s)
