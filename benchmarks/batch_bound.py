@@ -3,11 +3,12 @@
 
     python benchmarks/batch_bound.py --out benchmarks/results/batch_bound.json
     python benchmarks/batch_bound.py --batches 2 --gammas 4 --tokens 24 --out /tmp/b.json  # smoke
+    python benchmarks/batch_bound.py --batches 1,32 --gammas 12,16 --rule coupled --out /tmp/c.json
 
 At a full batch a CPU is compute-bound: a verification pass over gamma + 1 positions per row
 costs several native steps, so a round must emit that many tokens per row before it pays. This
 script measures that price. For each batch size B, B jobs (at least `--jobs`; the shared prompts, else the
-examples; sampled T=1 top-k 4 under the residual rule; bundled target, dspark seed 0) run
+examples; sampled T=1 top-k 4 under `--rule`, residual by default; bundled target, dspark seed 0) run
 natively and, for each draft cap gamma, speculatively, all at once in turns
 (decode/interleave.py), every row in one batch. Each round's time is split, by wrapping the
 methods as `mixed_profile.py` does, into the verification pass (`StripedHyena.extend`),
@@ -54,7 +55,6 @@ from evspark_cli.io.fasta import read_prompts  # noqa: E402
 from evspark_cli.model.checkpoint import load_model  # noqa: E402
 from evspark_cli.model.model import StripedHyena  # noqa: E402
 
-SAMPLER = SamplerConfig(1.0, 4, 1.0)
 
 
 class RoundTimes:
@@ -107,16 +107,16 @@ class RoundTimes:
 
 
 def measure(model, prompts, drafter, batch: int, gammas: list[int], tokens: int, jobs_n: int,
-            times: RoundTimes) -> dict:
+            times: RoundTimes, sampler: SamplerConfig) -> dict:
     """Native and speculative decoding of `jobs_n` jobs (at least `batch`) at each gamma, in
     turns."""
-    opts = DecodeOptions(tokens, max(gammas), SAMPLER.temperature, SAMPLER.top_k, SAMPLER.top_p,
-                         rule=SAMPLER.rule)
+    opts = DecodeOptions(tokens, max(gammas), sampler.temperature, sampler.top_k, sampler.top_p,
+                         rule=sampler.rule)
     records = [Record.of(prompts[i % len(prompts)], model.config.vocab_size)
                for i in range(max(batch, jobs_n))]
     jobs = build_jobs(records, opts)
     runs = [timed_run(lambda clock, g=g: BatchDecoder(
-        model, SAMPLER, drafter if g else None, g, batch_size=batch, clock=clock),
+        model, sampler, drafter if g else None, g, batch_size=batch, clock=clock),
         JobList(iter(jobs))) for g in [0, *gammas]]
     interleave(runs)
     native = times.medians(runs[0].decoder)
@@ -151,8 +151,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=8, help="jobs per batch size (at least a batch)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the target's dtype (the drafter runs in fp32)")
+    ap.add_argument("--rule", default="residual", choices=["residual", "coupled"],
+                    help="how the sampled tokens are drawn and drafts accepted")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    sampler = SamplerConfig(1.0, 4, 1.0, args.rule)
     model = load_model(ROOT / "models" / "evspark-sh2-192", dtype=args.dtype)
     drafter = resolve_drafter(model, bundled_drafter_dir(model, 0))
     prompts = read_prompts([default_prompts()])
@@ -161,12 +164,12 @@ def main() -> None:
     res: dict = {"provenance": provenance(" ".join(["python", "benchmarks/batch_bound.py",
                                                     *sys.argv[1:]])),
                  "config": {**vars(args), "threads": torch.get_num_threads(),
-                            "sampler": "T=1 top-k 4, residual", "drafter": "dspark seed 0"},
+                            "sampler": f"T=1 top-k 4, {args.rule}", "drafter": "dspark seed 0"},
                  "batches": {}}
     gammas = [int(g) for g in args.gammas.split(",")]
     for b in (int(x) for x in args.batches.split(",")):
         res["batches"][str(b)] = row = measure(model, prompts, drafter, b, gammas, args.tokens,
-                                               args.jobs, times)
+                                               args.jobs, times, sampler)
         print(f"batch {b}: {json.dumps(row)}", file=sys.stderr, flush=True)
     res["wall_s"] = round(time.time() - t0, 1)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
