@@ -601,6 +601,29 @@ def test_one_stream_walks_its_draws_as_a_batch_does(target, genome, sampler, mon
 
 @pytest.mark.parametrize("sampler", [WALKS["residual-T1-all"], WALKS["coupled-T1-top4"]],
                          ids=["residual", "coupled"])
+def test_rows_of_different_draft_lengths_score_their_paths_as_alone(target, genome, sampler):
+    """A round whose rows draft different lengths drafts each group on its own: each row's
+    drafts, path scores (what token trees branch from) and confidence are those it has alone,
+    its path scores -inf past its drafts."""
+    d = DSparkDrafter(random_net(4, gamma_max=8, order=2, trunk_markov=True))
+    prompt = ids(genome[300:340])
+    state, anchor, hidden = start(target, prompt, reserve=64, keep_hidden=d.prefix_len)
+    ctxs = [DraftContext(target, list(prompt), sampler, RngKey(5, i, 0), hidden)
+            for i in range(3)]
+    gammas = [5, 3, 5]
+    with torch.inference_mode():
+        both = d.rows(ctxs).propose(state.select([0, 0, 0]), [anchor] * 3, gammas)
+        for b, (c, g) in enumerate(zip(ctxs, gammas)):
+            alone = d.rows([c]).propose(state, [anchor], [g])
+            assert torch.equal(both.drafts[b, :g], alone.drafts[0])
+            assert torch.equal(both.paths.scores[b, :g], alone.paths.scores[0])
+            assert bool((both.paths.scores[b, g:] == -math.inf).all())
+            if sampler.coupled:
+                assert _same(both.confidence[b, :g], alone.confidence[0])
+
+
+@pytest.mark.parametrize("sampler", [WALKS["residual-T1-all"], WALKS["coupled-T1-top4"]],
+                         ids=["residual", "coupled"])
 def test_rows_walk_the_same_on_host_ints_and_arrays_in_a_batch(target, genome, sampler,
                                                                 monkeypatch):
     """Residual tokens depend on every draft: a batch whose rows walk on host ints (and whose
