@@ -9,8 +9,8 @@ At a full batch a CPU is compute-bound: a verification pass over gamma + 1 posit
 costs several native steps, so a round must emit that many tokens per row before it pays. This
 script measures that price. For each batch size B, B jobs (at least `--jobs`; the shared
 prompts, else the examples; sampled T=1 top-k 4 under `--rule`, residual by default; bundled
-target, dspark seed 0) run natively and, for each draft cap gamma, speculatively, all at once in turns
-(decode/interleave.py), every row in one batch. Each round's time is split, by wrapping the
+target, dspark seed 0) run natively and, for each draft cap gamma, speculatively, all at once
+in turns (decode/interleave.py), every row in one batch. Each round's time is split, by wrapping the
 methods as `mixed_profile.py` does, into the verification pass (`StripedHyena.extend`),
 drafting (the drafter rows' `propose` and `observe`) and the rest (sampler, acceptance rule,
 commit, bookkeeping). Only rounds in which every row drafts the whole cap count, and each
